@@ -1,0 +1,79 @@
+"""``bayesprism`` entry point: dispatches to one module per sub-command.
+
+Each sub-command module defines ``register(subparsers)`` which adds its parser and sets
+``func=run`` where ``run(args) -> int`` returns the exit code. Exit codes (DESIGN §8): 0 success,
+2 bad input (one line per problem, no traceback), 1 internal failure, 3 strict-mode failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import warnings
+
+from bayesprism import __version__
+from bayesprism.errors import BayesPrismError, InputError
+
+#: Sub-commands in the order shown by ``--help``; a missing module is skipped (work in progress).
+SUBCOMMANDS = (
+    "ingest",
+    "simulate",
+    "fit",
+    "diagnose",
+    "forecast",
+    "report",
+    "validate",
+    "sensitivity",
+    "place",
+    "demo",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bayesprism",
+        description="Forecast step time and training time of distributed training runs, "
+        "with credible intervals, from measured traces.",
+    )
+    parser.add_argument("--version", action="version", version=f"bayesprism {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"bayesprism.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"bayesprism.cli.{name}":
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    if getattr(args, "quiet", False):
+        warnings.simplefilter("ignore")
+    try:
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        for line in exc.lines():
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        print(f"error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except BayesPrismError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Cost factors of collective algorithms, shared by the model and the composition.
+
+Transfer time of one collective of ``p`` ranks on a buffer of ``b`` bytes is modelled as
+
+    t_us = latency_us * latency_steps(p) + b * bandwidth_factor(p) / (bandwidth_gbps * 1e3)
+
+with ring-algorithm factors (NCCL's default for large messages): an AllReduce moves
+``2 (p-1)/p`` of the buffer in ``2 (p-1)`` steps, AllGather / ReduceScatter ``(p-1)/p`` in
+``p-1`` steps (``b`` is the full, gathered buffer), AllToAll ``(p-1)/p`` in ``p-1`` steps,
+Broadcast the buffer once in ``p-1`` pipelined steps, and SendRecv the buffer once in one step.
+``bandwidth_gbps`` is therefore NCCL's *bus* bandwidth. A group that spans more than one node
+uses the inter-node tier's parameters. Works on scalars and NumPy arrays alike.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+COLLECTIVE_CLASSES: tuple[str, ...] = (
+    "allreduce",
+    "allgather",
+    "reducescatter",
+    "alltoall",
+    "broadcast",
+    "sendrecv",
+)
+TIERS: tuple[str, ...] = ("intra", "inter")
+
+
+def latency_steps(kind: str, group_size):
+    """Number of sequential latency-bound steps of a ring collective."""
+    p = np.asarray(group_size, dtype=float)
+    if kind == "allreduce":
+        return 2.0 * (p - 1.0)
+    if kind in ("allgather", "reducescatter", "alltoall", "broadcast"):
+        return p - 1.0
+    if kind == "sendrecv":
+        return np.ones_like(p)
+    raise ValueError(f"unknown collective class {kind!r}; expected one of {COLLECTIVE_CLASSES}")
+
+
+def bandwidth_factor(kind: str, group_size):
+    """Fraction of the buffer each rank sends over its link (bus-bandwidth convention)."""
+    p = np.asarray(group_size, dtype=float)
+    if kind == "allreduce":
+        return 2.0 * (p - 1.0) / p
+    if kind in ("allgather", "reducescatter", "alltoall"):
+        return (p - 1.0) / p
+    if kind in ("broadcast", "sendrecv"):
+        return np.ones_like(p)
+    raise ValueError(f"unknown collective class {kind!r}; expected one of {COLLECTIVE_CLASSES}")
+
+
+def tier_of(group_size, gpus_per_node: int, nodes_spanned=None):
+    """0 (intra-node) or 1 (inter-node) for a group; spans nodes when it has more ranks than a node."""
+    if nodes_spanned is not None:
+        return (np.asarray(nodes_spanned) > 1).astype(int)
+    return (np.asarray(group_size) > gpus_per_node).astype(int)
+
+
+def transfer_time_us(kind: str, group_size, nbytes, latency_us, bandwidth_gbps):
+    """Deterministic transfer time (µs) of a ring collective; broadcasts over arrays."""
+    return latency_us * latency_steps(kind, group_size) + np.asarray(nbytes, dtype=float) * (
+        bandwidth_factor(kind, group_size)
+    ) / (np.asarray(bandwidth_gbps, dtype=float) * 1e3)
