@@ -1,0 +1,180 @@
+"""``bayesprism demo``: the whole job on the shipped sample data.
+
+ingest → fit → diagnose → forecast (several plans up to tens of thousands of GPUs) →
+sensitivity and placement → one HTML report, for the Kineto DLRM traces (kernel-level model)
+and for an MLPerf GPT-3 scale ladder (step-level model). Each stage calls the public API and
+writes its artifact into ``--out``; the commands a user would type are recorded in the report.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from bayesprism.cli._common import add_common, to_jsonable
+
+REPO_DATA = Path(__file__).resolve().parents[2] / "data"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("demo", help="run ingest → fit → diagnose → forecast → report on the sample data")
+    p.add_argument("--data", type=Path, default=REPO_DATA, help="sample data folder (default: the repo's data/)")
+    p.add_argument("--out", type=Path, default=Path("out/demo"), help="output folder")
+    p.add_argument("--draws", type=int, default=500, help="posterior draws per chain")
+    p.add_argument("--tune", type=int, default=500, help="tuning draws per chain")
+    p.add_argument("--forecast-draws", type=int, default=400, help="posterior draws used by forecasts")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--skip-mlperf", action="store_true", help="only the Kineto part")
+    add_common(p)
+    p.set_defaults(func=run)
+
+
+class _Stage:
+    """Prints one line per stage with its wall time, so a user sees progress."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+
+    def __call__(self, text: str):
+        return _Timed(text, self.quiet)
+
+
+class _Timed:
+    def __init__(self, text: str, quiet: bool):
+        self.text, self.quiet = text, quiet
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        if not self.quiet:
+            print(f"==> {self.text} ...", flush=True)
+        return self
+
+    def __exit__(self, *exc):
+        if not self.quiet and exc[0] is None:
+            print(f"    done in {time.perf_counter() - self.t0:.1f} s", flush=True)
+        return False
+
+
+def _write_json(path: Path, obj) -> Path:
+    path.write_text(json.dumps(to_jsonable(obj), indent=2) + "\n")
+    return path
+
+
+def run(args) -> int:
+    import bayesprism as bp
+    from bayesprism.forecast import summarize_forecast
+    from bayesprism.plan import ParallelPlan
+
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    stage = _Stage(args.quiet)
+    progress = not args.quiet
+    fit_kw = dict(draws=args.draws, tune=args.tune, chains=2, random_seed=args.seed, progress=progress)
+    commands: list[str] = []
+
+    # --- Kineto: kernel-level model --------------------------------------------------------
+    traces = args.data / "kineto" / "param_dlrm_8rank"
+    with stage(f"ingest {traces}"):
+        table = bp.read_traces([traces], progress=progress)
+        bp.write_table(table, out / "dlrm_table.parquet")
+    commands.append(f"bayesprism ingest {traces} -o {out / 'dlrm_table.parquet'}")
+
+    with stage("fit the kernel-level model (nutpie)"):
+        posterior = bp.fit(table, "default", **fit_kw)
+        bp.save(posterior, out / "dlrm_posterior.nc")
+    commands.append(
+        f"bayesprism fit {out / 'dlrm_table.parquet'} -o {out / 'dlrm_posterior.nc'} "
+        f"--draws {args.draws} --tune {args.tune} --seed {args.seed}"
+    )
+
+    with stage("diagnose"):
+        diagnosis = bp.diagnose(posterior)
+        _write_json(out / "dlrm_diagnosis.json", diagnosis.to_dict())
+    commands.append(f"bayesprism diagnose {out / 'dlrm_posterior.nc'} --json")
+
+    plans = [
+        ParallelPlan(name=f"dp{dp}", dp=dp, gpus_per_node=8)
+        for dp in (8, 64, 512, 4096, 16384)
+    ]
+    with stage(f"forecast {len(plans)} plans (8 to {plans[-1].gpus:,} GPUs)"):
+        fc = bp.forecast(posterior, plans, steps=10_000, draws=args.forecast_draws,
+                         random_seed=args.seed, progress=progress)
+        summary = summarize_forecast(fc)
+        _write_json(out / "dlrm_forecast.json", summary)
+        from bayesprism.io import save_forecast
+
+        save_forecast(fc, out / "dlrm_forecast.nc")
+    commands.append(
+        f"bayesprism forecast {out / 'dlrm_posterior.nc'} --dp 16384 --gpus-per-node 8 "
+        f"--steps 10000 --draws {args.forecast_draws} --seed {args.seed}"
+    )
+
+    with stage("sensitivity and placement at 512 GPUs"):
+        target = plans[2]
+        sens = bp.sensitivity(posterior, target, draws=min(args.forecast_draws, 200),
+                              random_seed=args.seed)
+        _write_json(out / "dlrm_sensitivity.json", sens)
+        placement = bp.place(posterior, plans[0], draws=min(args.forecast_draws, 200),
+                             random_seed=args.seed)
+        _write_json(out / "dlrm_placement.json", placement)
+
+    with stage("report"):
+        report = bp.write_report(
+            posterior, out / "report.html", forecast=fc, diagnosis=diagnosis,
+            sensitivity=sens, placement=placement, commands=commands,
+        )
+
+    # --- MLPerf: step-level model across scales ---------------------------------------------
+    mlperf_report = None
+    ladder = args.data / "mlperf"
+    if not args.skip_mlperf and ladder.is_dir():
+        with stage(f"ingest the MLPerf ladder in {ladder}"):
+            steps_table = bp.read_traces([ladder], progress=progress)
+        with stage("fit the step-level model"):
+            step_post = bp.fit(steps_table, "step", **fit_kw)
+            bp.save(step_post, out / "mlperf_posterior.nc")
+        step_plans = _mlperf_plans(steps_table)
+        with stage(f"forecast {len(step_plans)} MLPerf plans"):
+            step_fc = bp.forecast(step_post, step_plans, draws=args.forecast_draws,
+                                  random_seed=args.seed, progress=progress)
+            _write_json(out / "mlperf_forecast.json", summarize_forecast(step_fc))
+        with stage("MLPerf report"):
+            mlperf_report = bp.write_report(
+                step_post, out / "mlperf_report.html", forecast=step_fc,
+                diagnosis=bp.diagnose(step_post),
+                commands=[f"bayesprism fit {ladder} --model step -o {out / 'mlperf_posterior.nc'}"],
+            )
+
+    if not args.quiet:
+        print(f"\nReport: {report.resolve()}")
+        if mlperf_report is not None:
+            print(f"MLPerf report: {mlperf_report.resolve()}")
+        print(f"All outputs: {out.resolve()}")
+        if not diagnosis.ok:
+            print("warning: the fit has problems:\n  " + "\n  ".join(diagnosis.problems))
+    return 0
+
+
+def _mlperf_plans(steps_table) -> list:
+    """The logged layouts of the ladder, extended to 2x and 4x the largest logged scale."""
+    from bayesprism.plan import ParallelPlan
+
+    seen = {}
+    for meta in steps_table.attrs.get("runs", {}).values():
+        plan = meta.get("plan") or {}
+        key = tuple(plan.get(k, 1) for k in ("dp", "tp", "pp", "cp", "microbatches"))
+        seen[key] = meta.get("gpus_per_node", 8)
+    plans = [
+        ParallelPlan(name=f"{dp * tp * pp * cp} GPUs", dp=dp, tp=tp, pp=pp, cp=cp,
+                     microbatches=mb, gpus_per_node=gpn, schedule="1f1b" if pp > 1 else "gpipe")
+        for (dp, tp, pp, cp, mb), gpn in sorted(seen.items())
+    ]
+    largest = plans[-1]
+    for factor in (2, 4):
+        plans.append(ParallelPlan(
+            name=f"{largest.gpus * factor} GPUs", dp=largest.dp * factor, tp=largest.tp,
+            pp=largest.pp, cp=largest.cp, microbatches=largest.microbatches,
+            gpus_per_node=largest.gpus_per_node, schedule=largest.schedule,
+        ))
+    return plans

@@ -1,0 +1,90 @@
+"""``bayesprism validate``: score bayesprism and the baselines on held-out measurements."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bayesprism.cli._common import add_common, print_json
+
+TABLE_SUFFIXES = (".parquet", ".pq")
+
+
+def register(sub) -> None:
+    parser = sub.add_parser(
+        "validate",
+        help="score forecasts against held-out measurements (KS, coverage, CRPS, quantiles)",
+        description="Fit the --fit data, predict the --heldout data, and print one row per "
+        "method (bayesprism and the pooled and deterministic baselines) with the KS distance, "
+        "the coverage of the 50%% and 90%% central intervals, the CRPS and the signed relative "
+        "errors of the median and p95. With --split the held-out part is split off the --fit "
+        "data (nodes/gpus/ranks: a random half of the units, steps: the second half of every "
+        "run, scale: the larger half of the world sizes; see --fraction) and --heldout may be "
+        "omitted.",
+    )
+    parser.add_argument("--fit", nargs="+", type=Path, required=True, metavar="PATH",
+                        help="traces, logs or Parquet trace tables to fit")
+    parser.add_argument("--heldout", nargs="+", type=Path, metavar="PATH",
+                        help="traces, logs or Parquet trace tables to predict")
+    parser.add_argument("--model", default=None, metavar="NAME",
+                        help="named model spec (default: 'default', or 'step' for step logs)")
+    parser.add_argument("--split", choices=("nodes", "gpus", "ranks", "steps", "scale"),
+                        help="split the held-out part off the --fit data")
+    parser.add_argument("--fraction", type=float, default=None,
+                        help="share of units held out by --split (default 0.5)")
+    parser.add_argument("--methods", nargs="+", default=["bayesprism", "pooled", "deterministic"],
+                        choices=("bayesprism", "pooled", "deterministic"),
+                        help="methods to score (default: all three)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of split, fit and draws")
+    parser.add_argument("--draws", type=int, default=500,
+                        help="posterior draws per chain, and predictive draws per observation")
+    parser.add_argument("--json", action="store_true",
+                        help="print {method: {ks, coverage_50, coverage_90, crps, p50_error, "
+                        "p95_error}} as JSON")
+    parser.add_argument("--pit", type=Path, default=None, metavar="PNG",
+                        help="also write the PIT histogram of every method to this file")
+    add_common(parser)
+    parser.set_defaults(func=run)
+
+
+def read_inputs(paths: list[Path], progress: bool):
+    """One trace table from Parquet trace tables and raw traces/logs (read by ``read_traces``)."""
+    from bayesprism.schema import read_table
+    from bayesprism.validate import concat_tables
+
+    tables = [read_table(p) for p in paths if p.suffix.lower() in TABLE_SUFFIXES]
+    raw = [p for p in paths if p.suffix.lower() not in TABLE_SUFFIXES]
+    if raw:
+        from bayesprism.ingest import read_traces
+
+        tables.append(read_traces(raw, progress=progress))
+    return concat_tables(tables)
+
+
+def run(args) -> int:
+    from bayesprism.errors import InputError, Problem
+    from bayesprism.metrics import METRICS
+    from bayesprism.validate import plot_pit_histogram, validate
+
+    if args.heldout is None and args.split is None:
+        raise InputError(Problem("validate", "--heldout", "give --heldout PATH... or --split"))
+    progress = not args.quiet
+    fit_table = read_inputs(args.fit, progress)
+    heldout = read_inputs(args.heldout, progress) if args.heldout else None
+    table = validate(fit_table, heldout, model=args.model, split=args.split,
+                     fraction=args.fraction, seed=args.seed, draws=args.draws,
+                     methods=tuple(args.methods), progress=progress)
+    if args.pit is not None:
+        plot_pit_histogram(table.attrs["pit"], args.pit, title="PIT of held-out observations")
+    if args.json:
+        print_json({method: {m: row[m] for m in METRICS} for method, row in table.iterrows()})
+        return 0
+    unit = table.attrs.get("unit")
+    print(f"held-out observations: {int(table['n_observed'].iloc[0])} ({unit})")
+    for method, skipped in table.attrs.get("skipped", {}).items():
+        for reason, count in skipped.items():
+            if count:
+                print(f"not scored for {method}: {count} ({reason})")
+    print(table[list(METRICS)].to_string(float_format=lambda v: f"{v:.4g}"))
+    if args.pit is not None:
+        print(f"PIT histogram: {args.pit}")
+    return 0

@@ -1,0 +1,293 @@
+"""Forecasts: step-time and training-time draws of parallel plans, and their summaries.
+
+:func:`forecast` composes every plan (``bayesprism.composition.compose``, or
+``bayesprism.stepscale.compose_steps`` for step-level posteriors) on the same thinned posterior
+draws with the same seed (common random numbers, so plans are compared on equal footing) and
+returns an ``xarray.DataTree`` laid out as in the "Forecast" section of ``docs/artifacts.md``.
+
+Definitions (used by the report and the CLI):
+
+* ``step_time_s`` quantiles (``mean``, ``p05`` ... ``p99``) are of the **posterior predictive
+  distribution of a single step**: all draws x replicates pooled, i.e. step-to-step variability
+  and parameter uncertainty together.
+* ``ci90`` is the 90% credible interval of the **mean step time** (parameter uncertainty only):
+  the 5% and 95% quantiles over posterior draws of each draw's mean over its replicates.
+* ``ideal_step_time_s`` is the plan's variability-free step: every kernel at its typical
+  duration ``exp(kernel_log_median)`` at the posterior median, collectives at the median cost
+  model, no noise, no waiting (the schedule's structural bubble is included).
+* ``slowdown_probability[x]`` = P(step > x * baseline), baseline = ideal step unless the user
+  gives ``baseline_s``.
+* ``training_time_s`` is the sum of ``steps`` step times of one run (one posterior draw, one
+  cluster). Up to :data:`SIMULATED_STEPS_MAX` steps it is simulated by summing ``steps`` steps
+  resampled from that draw's replicates; beyond, it is normal with the draw's mean and variance
+  (``steps * mean``, ``steps * var``; the central limit theorem, steps independent given the
+  draw). ``finish_probability[T]`` = P(training time <= T).
+* ``breakdown_s`` holds the means of ``compute_s``, ``exposed_comm_s``, ``bubble_s`` and
+  ``wait_s``, which add up to the step time draw by draw (see ``bayesprism.composition``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import xarray as xr
+
+from bayesprism.draws import StepDraws
+from bayesprism.errors import InputError, Problem
+from bayesprism.plan import Cluster, ParallelPlan
+
+#: Training runs up to this many steps are simulated step by step; longer ones use a normal sum.
+SIMULATED_STEPS_MAX = 256
+QUANTILES = {"p05": 0.05, "p25": 0.25, "p50": 0.5, "p75": 0.75, "p95": 0.95, "p99": 0.99}
+COMPONENTS = ("compute_s", "exposed_comm_s", "bubble_s", "wait_s")
+PLAN_COORDS = ("gpus", "dp", "tp", "pp", "cp", "ep", "microbatches", "virtual_stages",
+               "schedule", "sharding", "overlap", "gpus_per_node")
+
+
+def _as_plans(plans) -> list[ParallelPlan]:
+    if isinstance(plans, ParallelPlan):
+        return [plans]
+    plans = list(plans)
+    if not plans:
+        raise InputError(Problem("arguments", "plans", "at least one plan is needed"))
+    bad = [p for p in plans if not isinstance(p, ParallelPlan)]
+    if bad:
+        raise InputError(Problem("arguments", "plans", "must be ParallelPlan objects",
+                                 len(bad), type(bad[0]).__name__))
+    return plans
+
+
+def _unique_names(plans: list[ParallelPlan]) -> list[str]:
+    names, seen = [], {}
+    for plan in plans:
+        name = str(plan.name)
+        seen[name] = seen.get(name, 0) + 1
+        names.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return names
+
+
+def _per_plan(value, n: int, field: str) -> list:
+    if value is None or np.isscalar(value):
+        return [value] * n
+    values = list(value)
+    if len(values) != n:
+        raise InputError(Problem("arguments", field, f"needs one value per plan ({n})",
+                                 example=len(values)))
+    return values
+
+
+def training_time_draws(
+    step_time_s: np.ndarray, steps: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Training time (s) of ``steps`` steps, shape (draw, replicate), from step draws of a plan.
+
+    Each row is one run on one posterior draw: up to :data:`SIMULATED_STEPS_MAX` steps, the
+    sum of ``steps`` steps resampled from the row; beyond, a normal with the row's mean and
+    variance times ``steps``.
+    """
+    draws, replicates = step_time_s.shape
+    if steps <= SIMULATED_STEPS_MAX:
+        index = rng.integers(0, replicates, size=(draws, replicates, steps))
+        return step_time_s[np.arange(draws)[:, None, None], index].sum(axis=-1)
+    mean = step_time_s.mean(axis=1, keepdims=True)
+    sd = step_time_s.std(axis=1, ddof=1, keepdims=True) if replicates > 1 else 0.0 * mean
+    z = rng.standard_normal((draws, replicates))
+    return steps * mean + np.sqrt(steps) * sd * z
+
+
+def _thin(posterior: xr.DataTree, draws: int | None) -> xr.DataTree:
+    from bayesprism.sensitivity import thin_draws
+
+    return thin_draws(posterior, draws)
+
+
+def forecast(
+    posterior: xr.DataTree,
+    plans: ParallelPlan | Sequence[ParallelPlan],
+    *,
+    steps: int | None = None,
+    draws: int | None = 1000,
+    replicates: int = 8,
+    random_seed: int = 0,
+    baseline_s: float | Sequence[float] | None = None,
+    deadlines_s: Sequence[float] | None = None,
+    thresholds: Sequence[float] = (1.05, 1.10, 1.20),
+    progress: bool = True,
+    cluster: Cluster | None = None,
+    exact: bool | None = None,
+) -> xr.DataTree:
+    """Posterior predictive step-time (and training-time) forecasts of parallel plans.
+
+    Parameters
+    ----------
+    posterior
+        A fit (``docs/artifacts.md``), kernel-level or step-level.
+    plans
+        One plan or several.
+    steps
+        Training steps; defaults to each plan's ``steps`` (no training time when neither).
+    draws
+        Posterior draws used (evenly thinned); ``None`` for all.
+    replicates
+        Simulated steps per posterior draw.
+    random_seed
+        Seed; every plan is composed with a generator seeded by it (common random numbers).
+    baseline_s
+        Step time the slowdown is measured against (one value or one per plan); the plan's
+        ideal step time by default.
+    deadlines_s
+        Training-time budgets T for ``finish_probability`` (needs ``steps``).
+    thresholds
+        Slowdown factors x of ``slowdown_probability`` = P(step > x * baseline).
+    progress
+        Show a progress bar over plans.
+    cluster
+        Passed to the composition (GPUs per node, tiers, measured nodes).
+    exact
+        Exact or fast composition path; by scale when ``None``.
+
+    Returns
+    -------
+    xarray.DataTree
+        Root dataset with dims ``plan``, ``draw``, ``replicate`` (and ``threshold``,
+        ``deadline``); plan fields are coordinates on ``plan``.
+    """
+    from bayesprism.composition import compose
+
+    plans = _as_plans(plans)
+    if not (isinstance(replicates, int) and replicates >= 1):
+        raise InputError(Problem("arguments", "replicates", "must be a positive integer",
+                                 example=replicates))
+    thresholds = [float(x) for x in thresholds]
+    deadlines = [float(x) for x in (deadlines_s or [])]
+    plan_steps = [steps if steps is not None else p.steps for p in plans]
+    if deadlines and any(s is None for s in plan_steps):
+        raise InputError(Problem("arguments", "deadlines_s", "finish probabilities need steps"))
+    baselines = _per_plan(baseline_s, len(plans), "baseline_s")
+    thinned = _thin(posterior, draws)
+
+    iterator = plans
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(plans, desc="forecast", unit="plan")
+    results: list[StepDraws] = []
+    paths: list[str] = []
+    for plan in iterator:
+        rng = np.random.default_rng(random_seed)
+        results.append(compose(thinned, plan, replicates=replicates, rng=rng, cluster=cluster,
+                               exact=exact))
+        if thinned.attrs.get("model_kind") == "step":
+            paths.append("step-model")
+        else:
+            from bayesprism.composition import EXACT_MAX_GPUS
+
+            use_exact = plan.gpus <= EXACT_MAX_GPUS if exact is None else bool(exact)
+            paths.append("exact" if use_exact else "fast")
+
+    names = _unique_names(plans)
+    dims = ("plan", "draw", "replicate")
+    data = {name: (dims, np.stack([getattr(r, name) for r in results])) for name in
+            ("step_time_s", *COMPONENTS)}
+    ideal = np.array([r.ideal_step_time_s for r in results])
+    data["ideal_step_time_s"] = ("plan", ideal)
+    base = np.array([ideal[i] if b is None else float(b) for i, b in enumerate(baselines)])
+    data["baseline_step_time_s"] = ("plan", base)
+    step = data["step_time_s"][1]
+    exceed = [(step > x * base[:, None, None]).mean(axis=(1, 2)) for x in thresholds]
+    data["slowdown_probability"] = (("plan", "threshold"), np.stack(exceed, axis=-1))
+    if all(s is not None for s in plan_steps):
+        rng = np.random.default_rng([random_seed, 1])
+        training = np.stack([training_time_draws(r.step_time_s, int(s), rng)
+                             for r, s in zip(results, plan_steps, strict=True)])
+        data["training_time_s"] = (dims, training)
+        data["steps"] = ("plan", np.array(plan_steps, dtype=np.int64))
+        if deadlines:
+            finish = [(training <= t).mean(axis=(1, 2)) for t in deadlines]
+            data["finish_probability"] = (("plan", "deadline"), np.stack(finish, axis=-1))
+    coords = {
+        "plan": names,
+        "draw": np.arange(step.shape[1]),
+        "replicate": np.arange(step.shape[2]),
+        "threshold": thresholds,
+        "path": ("plan", paths),
+    }
+    for key in PLAN_COORDS:
+        coords[key] = ("plan", [getattr(p, key) for p in plans])
+    if deadlines:
+        coords["deadline"] = deadlines
+    attrs = {
+        "bayesprism_version": _version(),
+        "random_seed": int(random_seed),
+        "replicates": int(replicates),
+        "draws": int(step.shape[1]),
+        "posterior_input_digest": str(posterior.attrs.get("input_digest", "")),
+        "posterior_spec_hash": str(posterior.attrs.get("spec_hash", "")),
+        "model_kind": str(posterior.attrs.get("model_kind", "kernel")),
+        "baseline": "ideal" if baseline_s is None else "user",
+    }
+    return xr.DataTree(xr.Dataset(data, coords=coords, attrs=attrs))
+
+
+def _version() -> str:
+    from bayesprism import __version__
+
+    return __version__
+
+
+def _quantiles(values: np.ndarray) -> dict:
+    out = {"mean": float(values.mean())}
+    qs = np.quantile(values.reshape(-1), list(QUANTILES.values()))
+    out.update({k: float(v) for k, v in zip(QUANTILES, qs, strict=True)})
+    row_means = values.mean(axis=-1)
+    out["ci90"] = [float(x) for x in np.quantile(row_means, [0.05, 0.95])]
+    return out
+
+
+def _threshold_key(x: float) -> str:
+    """``1.05 -> "1.05"``, ``1.1 -> "1.10"`` (two decimals unless more are needed)."""
+    return f"{x:.2f}" if abs(x * 100 - round(x * 100)) < 1e-9 else f"{x:g}"
+
+
+def summarize_forecast(forecast_dt: xr.DataTree, *, include_draws: bool = False) -> dict:
+    """The forecast as plain JSON-able numbers (the report and the CLI both print this).
+
+    Returns ``{"plans": [{"name", "gpus", "dp", "tp", "pp", "cp", "ep", "microbatches",
+    "schedule", "step_time_s": {"mean", "p05", "p25", "p50", "p75", "p95", "p99", "ci90"},
+    "ideal_step_time_s", "slowdown_probability": {"1.05": p, ...}, "breakdown_s": {"compute",
+    "exposed_comm", "bubble", "wait"}, "training_time_s": {...} (with steps),
+    "finish_probability": {T: p} (with deadlines), "draws_s": [...] (include_draws)}]}``.
+    """
+    ds = forecast_dt.to_dataset() if isinstance(forecast_dt, xr.DataTree) else forecast_dt
+    plans = []
+    for i, name in enumerate(ds["plan"].to_numpy()):
+        one = ds.isel(plan=i)
+        entry = {"name": str(name)}
+        for key in ("gpus", "dp", "tp", "pp", "cp", "ep", "microbatches"):
+            entry[key] = int(one[key])
+        entry["schedule"] = str(one["schedule"].item())
+        step = one["step_time_s"].transpose("draw", "replicate").to_numpy()
+        entry["step_time_s"] = _quantiles(step)
+        entry["ideal_step_time_s"] = float(one["ideal_step_time_s"])
+        entry["slowdown_probability"] = {
+            _threshold_key(float(x)): float(p)
+            for x, p in zip(ds["threshold"].to_numpy(), one["slowdown_probability"].to_numpy(),
+                            strict=True)
+        }
+        entry["breakdown_s"] = {key.removesuffix("_s"): float(one[key].mean())
+                                for key in COMPONENTS}
+        if "training_time_s" in ds:
+            entry["training_time_s"] = _quantiles(
+                one["training_time_s"].transpose("draw", "replicate").to_numpy())
+            entry["steps"] = int(one["steps"])
+        if "finish_probability" in ds:
+            entry["finish_probability"] = {
+                f"{float(t):g}": float(p)
+                for t, p in zip(ds["deadline"].to_numpy(), one["finish_probability"].to_numpy(),
+                                strict=True)
+            }
+        if include_draws:
+            entry["draws_s"] = [float(x) for x in step.reshape(-1)]
+        plans.append(entry)
+    return {"plans": plans}

@@ -1,0 +1,11 @@
+"""Ingestion: trace files of any supported format → the validated trace table.
+
+``read_traces`` (in memory) and ``ingest_to_parquet`` (streaming, bounded memory) recognise each
+file's format from its content (:mod:`bayesprism.ingest.dispatch`).
+"""
+
+from __future__ import annotations
+
+from bayesprism.ingest.dispatch import ingest_to_parquet, read_traces
+
+__all__ = ["ingest_to_parquet", "read_traces"]

@@ -1,0 +1,330 @@
+"""Per-GPU benchmark tables (a timing per GPU and repeat, keyed by cabinet/node/GPU ids).
+
+Rows become ``kernel_class = "benchmark"`` with ``kernel`` = the workload (``exp``/``model``
+column, else the file stem), ``duration_us`` = the timing column converted from its unit,
+``node`` = ``"<cabinet>-<node>"`` (globally unique, as PAL's ``uuid`` builds it; the node number
+is written without leading zeros so ``"004"`` and ``"4"`` are the same node), ``gpu`` = the device
+index within the node, ``cabinet``, ``step`` = the repeat index of that GPU, ``rank`` = a dense
+GPU index (sorted by cabinet, node, device) and ``run = "<cluster>/<workload>"``.
+
+The timing column is chosen by ``value_column`` (with ``unit``), or recognised from the layouts
+of the PAL data (``hal-uw/blox-pal``, see ``data/README.md``):
+
+=============================  ======================  =======  =================================
+layout (recognised by)         timing column           unit     note
+=============================  ======================  =======  =================================
+``mean_iter_dur_mean`` (LS6)   ``mean_iter_dur_mean``  s        one aggregated row per GPU
+Longhorn (``perf``, ``freq``)  ``perf``                ms       ``warmup`` rows skipped, counted
+Frontera PageRank              ``perf``                ns       unit undocumented upstream: ns is
+(``perf``, ``perf_avg``)                                        an assumption (noted); only ratios
+                                                                between GPUs are meaningful
+Frontera (``mean_iter_dur``,   ``mean_iter_dur``       s        ``reps`` is the repeat index
+``reps``)
+=============================  ======================  =======  =================================
+
+Choices worth knowing:
+
+* The repeat index (``step``) is the ``reps``/``run`` column when it is unique per GPU, else the
+  order of the runs in time (``ts``), else the row order within the GPU (noted).
+* Rows flagged ``warmup`` are skipped and counted (``"warm-up run (warmup flag)"``) unless
+  ``keep_warmup=True``: they are the first runs on a GPU, which the PAL authors mark as warm-up.
+* ``32gpu-variability.csv`` (``PerfVar_class*`` columns) holds *slowdown factors* relative to the
+  median GPU, not durations: it is refused with an error that says so. Passing
+  ``value_column=`` and ``unit=`` reads any column anyway, on the user's responsibility.
+* Non-schema columns (telemetry such as clocks, temperature, power) are not carried into the
+  trace table; the report's notes list them.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from bayesprism.errors import Problem, TraceFormatError
+
+UNIT_TO_US = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
+SKIP_BAD_VALUE = "timing value missing, non-finite or <= 0"
+SKIP_WARMUP = "warm-up run (warmup flag)"
+
+_ID_COLUMNS = {
+    "cabinet": ("cabinet", "cab", "rack"),
+    "node": ("node", "node_id", "nodeid", "host", "hostname"),
+    "gpu": ("device", "gpu", "local_gpu_id", "gpu_index", "local_rank"),
+    "workload": ("exp", "model", "workload", "benchmark", "app"),
+    "repeat": ("reps", "rep", "repeat", "run", "trial"),
+    "time": ("ts", "timestamp"),
+    "cluster": ("cluster", "system"),
+}
+#: (layout name, columns that identify it, timing column, unit, note or None)
+PAL_LAYOUTS: tuple[tuple[str, frozenset, str, str, str | None], ...] = (
+    ("PAL Lonestar6 aggregate", frozenset({"mean_iter_dur_mean"}), "mean_iter_dur_mean", "s",
+     None),
+    ("PAL Longhorn", frozenset({"perf", "freq", "kern_max_start"}), "perf", "ms", None),
+    ("PAL Frontera PageRank", frozenset({"perf", "perf_avg"}), "perf", "ns",
+     "the unit of perf in PAL's Frontera PageRank table is not documented upstream; it is "
+     "read as ns (an assumption: only ratios between GPUs are meaningful)"),
+    ("PAL Frontera", frozenset({"mean_iter_dur", "reps"}), "mean_iter_dur", "s", None),
+)
+#: GPU model of the TACC clusters in the PAL data (from TACC's documentation, not in the files).
+TACC_GPUS = {
+    "frontera": "NVIDIA Quadro RTX 5000",
+    "longhorn": "NVIDIA Tesla V100",
+    "ls6": "NVIDIA A100",
+}
+_TIDY_COLUMNS = {"run", "step", "rank", "node", "gpu", "kernel", "kernel_class"}
+_STEM_NOISE = {"agg", "aggregated", "data", "results", "perf", "benchmark"}
+
+
+def can_read(path: Path, head: bytes) -> bool:
+    """True for a CSV whose header names a node and a GPU column (and is not a tidy table)."""
+    if path.suffix.lower() not in (".csv", ".tsv", ".txt") and not path.name.endswith(".csv.gz"):
+        return False
+    header = head.split(b"\n", 1)[0].decode("utf-8", errors="replace").lower()
+    names = {c.strip().strip('"') for c in re.split(r"[,\t]", header)}
+    if "duration_us" in names or len(names & _TIDY_COLUMNS) >= 4:
+        return False  # a tidy trace table (the tabular reader's)
+    return bool(names & set(_ID_COLUMNS["node"])) and bool(names & set(_ID_COLUMNS["gpu"]))
+
+
+def read_gpu_benchmark(
+    path: Path,
+    *,
+    value_column: str | None = None,
+    unit: str | None = None,
+    run: str | None = None,
+    keep_warmup: bool = False,
+) -> tuple[pd.DataFrame, dict]:
+    """Read a per-GPU benchmark table into ``kernel_class = "benchmark"`` rows.
+
+    Parameters
+    ----------
+    path
+        CSV file (optionally gzipped) with a header row.
+    value_column
+        Timing column to use; default: recognised from the PAL layouts (module docstring).
+    unit
+        Unit of ``value_column`` (``ns``, ``us``, ``ms``, ``s``); may be omitted when the column
+        name ends in ``_ns``/``_us``/``_ms``/``_s``.
+    run
+        Run name; default ``"<cluster>/<workload>"``.
+    keep_warmup
+        Keep rows flagged ``warmup`` (default: skip and count them).
+
+    Returns
+    -------
+    (pandas.DataFrame, dict)
+        Trace-table rows and the report (``run``, ``skipped``, ``notes``, ``run_meta``).
+
+    Raises
+    ------
+    TraceFormatError
+        Unreadable CSV, missing node/GPU columns, no recognisable timing column, an unknown
+        unit, or no valid timing at all.
+    """
+    path = Path(path)
+    source = str(path)
+    table = _read_csv(path)
+    notes: list[str] = []
+    skipped: dict[str, int] = {}
+    cols = _find_id_columns(table)
+    missing = [k for k in ("node", "gpu") if k not in cols]
+    if missing:
+        raise TraceFormatError([
+            Problem(source, k, f"no {k} column (expected one of {', '.join(_ID_COLUMNS[k])}); "
+                    f"columns are {', '.join(map(str, table.columns))}") for k in missing
+        ])
+    value_column, unit = _timing_column(table, value_column, unit, source, notes)
+    factor = UNIT_TO_US[unit]
+
+    if "warmup" in table.columns and not keep_warmup:
+        flag = table["warmup"].astype(str).str.strip().str.lower().isin(("true", "1", "yes"))
+        if flag.any():
+            skipped[SKIP_WARMUP] = int(flag.sum())
+            table = table.loc[~flag]
+    values = pd.to_numeric(table[value_column], errors="coerce").to_numpy(dtype=float) * factor
+    good = np.isfinite(values) & (values > 0)
+    if (~good).any():
+        skipped[SKIP_BAD_VALUE] = int((~good).sum())
+    table, values = table.loc[good], values[good]
+    if len(table) == 0:
+        raise TraceFormatError(Problem(source, value_column, "no valid (finite, > 0) timing value",
+                                       sum(skipped.values())))
+
+    node_number = table[cols["node"]].map(_node_label)
+    if "cabinet" in cols:
+        cabinet = table[cols["cabinet"]].astype(str).str.strip()
+        node = cabinet + "-" + node_number
+    else:
+        cabinet = None
+        node = node_number
+    gpu = pd.to_numeric(table[cols["gpu"]], errors="coerce")
+    if gpu.isna().any() or (gpu < 0).any():
+        bad = table[cols["gpu"]][gpu.isna() | (gpu < 0)].iloc[0]
+        raise TraceFormatError(Problem(source, cols["gpu"], "GPU index must be an integer >= 0",
+                                       int((gpu.isna() | (gpu < 0)).sum()), bad))
+    gpu = gpu.astype("int64")
+    workload = (table[cols["workload"]].astype(str) if "workload" in cols
+                else pd.Series(_stem(path), index=table.index))
+    workloads = sorted(workload.unique())
+    cluster = _cluster(table, cols, path, workloads)
+    if run is None:
+        run = f"{cluster}/{workloads[0]}" if len(workloads) == 1 else f"{cluster}/{_stem(path)}"
+
+    units = pd.DataFrame({"node": node.to_numpy(), "gpu": gpu.to_numpy()}, index=table.index)
+    order = units.assign(cab=cabinet if cabinet is not None else "",
+                         num=pd.to_numeric(node_number, errors="coerce").fillna(-1))
+    ranked = order.drop_duplicates(["node", "gpu"]).sort_values(["cab", "num", "node", "gpu"])
+    rank_of = {(n, g): i for i, (n, g) in enumerate(zip(ranked["node"], ranked["gpu"]))}
+    rank = np.array([rank_of[(n, g)] for n, g in zip(units["node"], units["gpu"])], dtype=np.int64)
+    step = _repeat_index(table, cols, rank, notes)
+
+    out = pd.DataFrame({
+        "run": run,
+        "step": step,
+        "rank": rank,
+        "node": node.to_numpy(),
+        "gpu": gpu.to_numpy(),
+        "kernel": workload.to_numpy(),
+        "kernel_class": "benchmark",
+        "duration_us": values,
+    })
+    if cabinet is not None:
+        out["cabinet"] = cabinet.to_numpy()
+    out = out.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
+
+    used = {value_column, *cols.values(), "warmup"}
+    dropped = [str(c) for c in table.columns if c not in used and not str(c).startswith("Unnamed")]
+    if dropped:
+        notes.append(f"{path.name}: columns not carried into the trace table: {', '.join(dropped)}")
+    gpus_per_node = int(out.groupby("node")["gpu"].nunique().max())
+    meta = {
+        "platform": TACC_GPUS.get(cluster.lower()),
+        "cluster": cluster,
+        "workloads": workloads,
+        "world_size": int(len(rank_of)),
+        "gpus_per_node": gpus_per_node,
+        "nodes": int(out["node"].nunique()),
+        "cabinets": int(out["cabinet"].nunique()) if cabinet is not None else None,
+        "value_column": value_column,
+        "unit": unit,
+        "plan": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "microbatches": 1},
+        "independent_gpus": True,
+        "source_files": [source],
+    }
+    return out, {"run": run, "skipped": skipped, "notes": notes, "run_meta": meta}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    try:
+        data = path.read_bytes()
+        if data[:2] == b"\x1f\x8b":
+            import gzip
+
+            data = gzip.decompress(data)
+        table = pd.read_csv(io.BytesIO(data), sep=None, engine="python")
+    except (EOFError, OSError, ValueError, pd.errors.ParserError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise TraceFormatError(Problem(str(path), "", f"cannot read as CSV: {exc}")) from None
+    if len(table) == 0:
+        raise TraceFormatError(Problem(str(path), "", "the table has no rows"))
+    return table
+
+
+def _find_id_columns(table: pd.DataFrame) -> dict[str, str]:
+    lower = {str(c).strip().lower(): c for c in table.columns}
+    found = {}
+    for role, names in _ID_COLUMNS.items():
+        for name in names:
+            if name in lower:
+                found[role] = lower[name]
+                break
+    return found
+
+
+def _timing_column(table, value_column, unit, source, notes) -> tuple[str, str]:
+    columns = set(map(str, table.columns))
+    if value_column is None:
+        for name, needed, column, layout_unit, note in PAL_LAYOUTS:
+            if needed <= columns:
+                value_column, unit = column, unit or layout_unit
+                notes.append(f"layout {name}: timing column {column!r} in {unit}")
+                if note and unit == layout_unit:
+                    notes.append(note)
+                break
+        else:
+            factors = sorted(c for c in columns if c.lower().startswith("perfvar"))
+            if factors:
+                raise TraceFormatError(Problem(
+                    source, ", ".join(factors),
+                    "these are per-GPU slowdown factors relative to the median GPU, not "
+                    "durations; this file is not a benchmark timing table (pass value_column= "
+                    "and unit= to read a column anyway)"))
+            raise TraceFormatError(Problem(
+                source, "value_column",
+                "no timing column recognised; pass value_column= and unit=; columns are "
+                + ", ".join(map(str, table.columns))))
+    if value_column not in columns:
+        raise TraceFormatError(Problem(source, value_column, "no such column; columns are "
+                                       + ", ".join(map(str, table.columns))))
+    if unit is None:
+        suffix = re.search(r"_(ns|us|ms|s)$", value_column)
+        if not suffix:
+            raise TraceFormatError(Problem(source, "unit", f"unit of {value_column!r} unknown; "
+                                           "pass unit= (ns, us, ms or s)"))
+        unit = suffix.group(1)
+    if unit not in UNIT_TO_US:
+        raise TraceFormatError(Problem(source, "unit", "unknown unit; expected one of "
+                                       + ", ".join(UNIT_TO_US), example=unit))
+    return value_column, unit
+
+
+def _node_label(value) -> str:
+    text = str(value).strip()
+    return str(int(text)) if text.isdigit() else text
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for suffix in (".gz", ".csv", ".tsv", ".txt"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
+def _cluster(table, cols, path: Path, workloads: list[str]) -> str:
+    if "cluster" in cols:
+        names = table[cols["cluster"]].astype(str).unique()
+        if len(names) == 1:
+            return str(names[0])
+    drop = {w.lower() for w in workloads} | _STEM_NOISE
+    tokens = [t for t in re.split(r"[-_.]", _stem(path)) if t and t.lower() not in drop]
+    return "-".join(tokens) if tokens else path.parent.name
+
+
+def _repeat_index(table, cols, rank, notes) -> np.ndarray:
+    keys = pd.Series(rank, index=table.index)
+    if "repeat" in cols:
+        rep = pd.to_numeric(table[cols["repeat"]], errors="coerce")
+        unique = rep.notna().all() and not pd.DataFrame({"r": keys, "v": rep}).duplicated().any()
+        if unique and (rep >= 0).all() and (rep == rep.round()).all():
+            return rep.astype("int64").to_numpy()
+    if "time" in cols:
+        order = pd.DataFrame({"rank": keys, "t": pd.to_numeric(table[cols["time"]],
+                                                               errors="coerce"),
+                              "row": np.arange(len(table))}, index=table.index)
+        order = order.sort_values(["rank", "t", "row"])
+        step = order.groupby("rank").cumcount()
+        notes.append(f"repeat index of each GPU = order of its runs in time ({cols['time']})")
+        return step.reindex(table.index).to_numpy(dtype=np.int64)
+    step = keys.groupby(keys).cumcount()
+    if (step > 0).any():
+        notes.append("repeat index of each GPU = row order in the file")
+    return step.to_numpy(dtype=np.int64)

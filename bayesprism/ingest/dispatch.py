@@ -1,0 +1,572 @@
+"""Find trace files, pick a reader by content, and assemble one validated trace table.
+
+* :func:`expand_paths`: files, directories (searched recursively) and glob patterns.
+* :func:`sniff`: the first 64 KiB of a file (decompressed when gzip) decide the reader; the
+  extension alone never does. Readers are tried in :data:`READERS` order, each through its
+  module's ``can_read(path, head)``; modules are imported lazily, so a reader that is missing
+  does not break the others.
+* :func:`read_traces`: every file into one DataFrame (in memory).
+* :func:`ingest_to_parquet`: file by file into Parquet with bounded memory.
+
+Problems are collected across all files and raised together as one
+:class:`~bayesprism.errors.TraceFormatError` (one line per problem). Files found by searching a
+directory that no reader recognises (a LICENSE, a README) are counted as skipped, not errors;
+a file named explicitly that no reader recognises is an error.
+
+Kineto runs: the files of one directory are one run, named after the directory (the path from
+the common parent when two directories share a name). Within a run, the same rank twice, a
+different world size, a different job name or a start more than :data:`MAX_RUN_SPREAD_US`
+away from the other files are errors (files of different runs mixed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import importlib
+import inspect
+import json
+import os
+import warnings
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from bayesprism.errors import InputError, IngestWarning, Problem, TraceFormatError
+from bayesprism.ingest.summary import SummaryAccumulator
+from bayesprism.ingest.waits import split_notes, split_wait_transfer
+from bayesprism.schema import (
+    ALL_COLUMNS,
+    ATTRS_KEY,
+    COLLECTIVE_CLASSES,
+    REQUIRED_COLUMNS,
+    _jsonable,
+    empty_attrs,
+    validate_table,
+)
+
+HEAD_BYTES = 64 * 1024
+#: Two files of one run whose first kernels are further apart than this are different jobs.
+MAX_RUN_SPREAD_US = 3600e6
+SKIP_UNRECOGNISED = "file of unrecognised format (found in a directory)"
+
+#: (format name, module, reader function), in the order their ``can_read`` is asked.
+READERS: tuple[tuple[str, str, str], ...] = (
+    ("kineto", "bayesprism.ingest.kineto", "read_kineto"),
+    ("mlperf", "bayesprism.ingest.mlperf", "read_mlperf"),
+    ("nccl-tests", "bayesprism.ingest.nccltests", "read_nccl_tests"),
+    ("gpu-benchmark", "bayesprism.ingest.benchmarks", "read_gpu_benchmark"),
+    ("tabular", "bayesprism.ingest.tabular", "read_tabular"),
+)
+
+
+@dataclass(frozen=True)
+class TraceFile:
+    """One input file and whether it was named explicitly (or found in a directory)."""
+
+    path: Path
+    explicit: bool
+
+
+def expand_paths(paths: str | Path | Iterable[str | Path]) -> tuple[list[TraceFile],
+                                                                    list[Problem]]:
+    """Files behind ``paths`` (files, directories searched recursively, glob patterns).
+
+    Hidden files and directories (name starting with ``.``) are ignored. Returns the files in a
+    stable order (sorted within each argument, duplicates removed) and the problems found:
+    a path that does not exist, a pattern that matches nothing, an empty directory.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files: list[TraceFile] = []
+    seen: set[Path] = set()
+    problems: list[Problem] = []
+
+    def add(path: Path, explicit: bool) -> None:
+        key = path.resolve()
+        if key not in seen:
+            seen.add(key)
+            files.append(TraceFile(path, explicit))
+
+    for entry in paths:
+        text = str(entry)
+        path = Path(text)
+        if path.is_dir():
+            found = sorted(
+                p for p in path.rglob("*")
+                if p.is_file() and not any(part.startswith(".") for part in
+                                           p.relative_to(path).parts)
+            )
+            if not found:
+                problems.append(Problem(text, "", "directory contains no files"))
+            for p in found:
+                add(p, False)
+        elif path.is_file():
+            add(path, True)
+        elif glob.has_magic(text):
+            matched = sorted(Path(p) for p in glob.glob(text, recursive=True))
+            matched_files = [p for p in matched if p.is_file()]
+            for d in (p for p in matched if p.is_dir()):
+                matched_files.extend(sorted(q for q in d.rglob("*") if q.is_file()))
+            if not matched_files:
+                problems.append(Problem(text, "", "no file matches this pattern"))
+            for p in matched_files:
+                add(p, True)
+        else:
+            problems.append(Problem(text, "", "no such file or directory"))
+    return files, problems
+
+
+def read_head(path: Path, size: int = HEAD_BYTES) -> bytes:
+    """First ``size`` bytes of a file, decompressed when it is gzip (partial data tolerated)."""
+    with path.open("rb") as fh:
+        raw = fh.read(size)
+        if raw[:2] != b"\x1f\x8b":
+            return raw
+        decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        out = b""
+        while len(out) < size:
+            try:
+                out += decomp.decompress(raw, size - len(out))
+            except zlib.error:
+                return out
+            raw = decomp.unconsumed_tail or fh.read(size)
+            if not raw or decomp.eof:
+                break
+        return out
+
+
+def _reader_modules() -> Iterator[tuple[str, object, str]]:
+    for fmt, module_name, func_name in READERS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                continue  # reader not written yet / not installed: the others still work
+            raise
+        yield fmt, module, func_name
+
+
+def sniff(path: Path, head: bytes | None = None) -> tuple[str, Callable] | None:
+    """(format name, reader function) for a file, chosen by its content; None if unknown."""
+    head = read_head(path) if head is None else head
+    for fmt, module, func_name in _reader_modules():
+        can_read = getattr(module, "can_read", None)
+        if can_read is not None and can_read(path, head):
+            return fmt, getattr(module, func_name)
+    return None
+
+
+def _call_reader(reader: Callable, path: Path, options: dict) -> tuple[pd.DataFrame, dict]:
+    """Call a reader with the options its signature accepts."""
+    params = inspect.signature(reader).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        accepted = options
+    else:
+        accepted = {k: v for k, v in options.items() if k in params}
+    return reader(path, **accepted)
+
+
+def _kineto_run_names(files: list[Path]) -> dict[Path, str]:
+    """Run name of each file: its directory name, or the path from the common parent."""
+    parents = sorted({f.resolve().parent for f in files})
+    by_name: dict[str, list[Path]] = {}
+    for p in parents:
+        by_name.setdefault(p.name, []).append(p)
+    if len(parents) > 1:
+        common = Path(os.path.commonpath([str(p) for p in parents]))
+    else:
+        common = parents[0].parent if parents else Path("/")
+    names = {}
+    for p in parents:
+        if len(by_name[p.name]) > 1:
+            names[p] = str(p.relative_to(common)) or p.name
+        else:
+            names[p] = p.name or "run"
+    return {f: names[f.resolve().parent] for f in files}
+
+
+def _host_names_usable(files: list[Path]) -> dict[Path, bool]:
+    """Whether the ``<host>_<pid>.<ms>.pt.trace.json`` names of a run's files name hosts.
+
+    Hand-chosen names such as ``worker3_step_12.<ms>.pt.trace.json`` fit the pattern with the
+    same "pid" in every file; real process ids differ between the ranks of a job.
+    """
+    from bayesprism.ingest.kineto import TRACE_HANDLER_NAME
+
+    by_dir: dict[Path, list[Path]] = {}
+    for f in files:
+        by_dir.setdefault(f.resolve().parent, []).append(f)
+    usable: dict[Path, bool] = {}
+    for group in by_dir.values():
+        matches = [TRACE_HANDLER_NAME.match(f.name) for f in group]
+        pids = {m.group("pid") for m in matches if m}
+        hosts = {m.group("host") for m in matches if m}
+        ok = not (len(group) > 1 and len(pids) == 1 and len(hosts) == len(group))
+        usable.update(dict.fromkeys(group, ok))
+    return usable
+
+
+@dataclass
+class _Collector:
+    """Merges per-file reports into attrs and checks the files of each Kineto run agree."""
+
+    attrs: dict = field(default_factory=empty_attrs)
+    problems: list[Problem] = field(default_factory=list)
+    kineto_ranks: dict[tuple[str, int], str] = field(default_factory=dict)
+    kineto_first: dict[str, dict] = field(default_factory=dict)
+    ranks_by_run: dict[str, set] = field(default_factory=dict)
+    unrecognised: list[str] = field(default_factory=list)
+
+    def skip(self, reason: str, count: int = 1) -> None:
+        self.attrs["skipped"][reason] = self.attrs["skipped"].get(reason, 0) + count
+
+    def note(self, text: str) -> None:
+        if text not in self.attrs["notes"]:
+            self.attrs["notes"].append(text)
+
+    def add(self, path: Path, fmt: str, df: pd.DataFrame, report: dict) -> bool:
+        """Merge one file's report; False when it conflicts with the files read before."""
+        source = str(path)
+        run = str(report.get("run"))
+        ok = True
+        if fmt == "kineto":
+            ok = self._check_kineto(source, run, report)
+        for reason, count in (report.get("skipped") or {}).items():
+            self.skip(reason, int(count))
+        for text in report.get("notes") or []:
+            self.note(text)
+        meta = dict(report.get("run_meta") or {})
+        runs = self.attrs["runs"]
+        if run not in runs:
+            runs[run] = {**meta, "source_files": list(meta.get("source_files", [source]))}
+        else:
+            entry = runs[run]
+            entry.setdefault("source_files", []).extend(meta.get("source_files", [source]))
+            for key, value in meta.items():
+                if key != "source_files" and entry.get(key) in (None, "unknown"):
+                    entry[key] = value
+        if "rank" in df:
+            self.ranks_by_run.setdefault(run, set()).update(
+                int(r) for r in pd.unique(df["rank"]) if r >= 0)
+        return ok
+
+    def _check_kineto(self, source: str, run: str, report: dict) -> bool:
+        rank = report.get("rank")
+        ok = True
+        key = (run, rank)
+        if key in self.kineto_ranks:
+            self.problems.append(Problem(
+                source, "distributedInfo.rank",
+                f"rank {rank} of run '{run}' is also in {self.kineto_ranks[key]}: the same rank "
+                "twice"))
+            ok = False
+        else:
+            self.kineto_ranks[key] = source
+        first = self.kineto_first.get(run)
+        if first is None:
+            self.kineto_first[run] = {"source": source, **report}
+            return ok
+        if report.get("world_size") != first.get("world_size"):
+            self.problems.append(Problem(
+                source, "distributedInfo.world_size",
+                f"is {report.get('world_size')}, but {first['source']} of the same run '{run}' "
+                f"has {first.get('world_size')}: files of different runs are mixed"))
+            ok = False
+        if report.get("job") and first.get("job") and report["job"] != first["job"]:
+            self.problems.append(Problem(
+                source, "mast_job_name",
+                f"is {report['job']!r}, but {first['source']} of the same run '{run}' has "
+                f"{first['job']!r}: files of different jobs are mixed"))
+            ok = False
+        a, b = report.get("start_us"), first.get("start_us")
+        if a is not None and b is not None and abs(a - b) > MAX_RUN_SPREAD_US:
+            self.problems.append(Problem(
+                source, "traceEvents.ts",
+                f"starts {abs(a - b) / 3600e6:.1f} h away from {first['source']} of the same "
+                f"run '{run}': files of different jobs are mixed (one directory per run)"))
+            ok = False
+        return ok
+
+
+def _iter_read(files: list[TraceFile], options: dict, collector: _Collector,
+               progress: bool) -> Iterator[pd.DataFrame]:
+    """Read each file with its reader; yields validated frames, collects problems."""
+    from tqdm.auto import tqdm
+
+    paths = [f.path for f in files]
+    sniffed: list[tuple[TraceFile, tuple[str, Callable] | None]] = []
+    for f in files:
+        try:
+            head = read_head(f.path)
+        except OSError as exc:
+            collector.problems.append(Problem(str(f.path), "", f"cannot be read: {exc.strerror}"))
+            continue
+        if not head:
+            if f.explicit:
+                collector.problems.append(Problem(str(f.path), "", "the file is empty"))
+            else:
+                collector.skip(SKIP_UNRECOGNISED)
+                collector.unrecognised.append(str(f.path))
+            continue
+        found = sniff(f.path, head)
+        if found is None:
+            if f.explicit:
+                collector.problems.append(Problem(
+                    str(f.path), "", "not a recognised trace format (PyTorch profiler/Kineto "
+                    "JSON, MLPerf log, nccl-tests output, benchmark or tidy CSV/Parquet table)"))
+            else:
+                collector.skip(SKIP_UNRECOGNISED)
+                collector.unrecognised.append(str(f.path))
+            continue
+        sniffed.append((f, found))
+    kineto_files = [f.path for f, (fmt, _) in sniffed if fmt == "kineto"]
+    run_names = _kineto_run_names(kineto_files) if kineto_files else {}
+    host_ok = _host_names_usable(kineto_files) if kineto_files else {}
+    del paths
+
+    bar = tqdm(sniffed, desc="ingest", unit="file", disable=not progress, leave=False)
+    for f, (fmt, reader) in bar:
+        file_options = dict(options)
+        if fmt == "kineto":
+            file_options["run"] = run_names[f.path]
+            file_options["host_from_file_name"] = host_ok[f.path]
+        try:
+            with warnings.catch_warnings():
+                # Collected as notes and re-emitted once per distinct message after the loop.
+                warnings.simplefilter("ignore", IngestWarning)
+                df, report = _call_reader(reader, f.path, file_options)
+            df = validate_table(df, source=str(f.path))
+        except InputError as exc:
+            collector.problems.extend(
+                p if isinstance(p, Problem) else Problem(str(f.path), "", str(p))
+                for p in exc.problems)
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            collector.problems.append(Problem(str(f.path), "", f"cannot be read: {exc}"))
+            continue
+        if collector.add(f.path, fmt, df, report) and not collector.problems:
+            yield df
+    if collector.unrecognised:
+        shown = ", ".join(collector.unrecognised[:5])
+        more = len(collector.unrecognised) - 5
+        collector.note(f"files not recognised as traces and skipped: {shown}"
+                       + (f" and {more} more" if more > 0 else ""))
+    for text in collector.attrs["notes"]:
+        if text.startswith("node taken as"):
+            warnings.warn(text, IngestWarning, stacklevel=3)
+
+
+def _finish_problems(collector: _Collector, found_any: bool) -> None:
+    if not found_any and not collector.problems:
+        collector.problems.append(Problem("inputs", "", "no trace file found"))
+    if collector.problems:
+        raise TraceFormatError(collector.problems)
+
+
+def _reader_options(gpus_per_node, rank_to_node, column_map) -> dict:
+    options: dict = {}
+    if gpus_per_node is not None:
+        options["gpus_per_node"] = int(gpus_per_node)
+    if rank_to_node is not None:
+        options["rank_to_node"] = dict(rank_to_node)
+    if column_map is not None:
+        options["column_map"] = dict(column_map)
+    return options
+
+
+def _apply_split(coll: pd.DataFrame, collector: _Collector) -> pd.DataFrame:
+    """Fill wait_us/transfer_us of collective rows and record notes per run."""
+    if len(coll) == 0:
+        return coll
+    world = {run: meta.get("world_size") for run, meta in collector.attrs["runs"].items()}
+    coll = coll.copy()
+    wait = np.full(len(coll), np.nan)
+    transfer = np.full(len(coll), np.nan)
+    counts_by_run = {}
+    for run, idx in coll.groupby(coll["run"].astype(str), observed=True).indices.items():
+        wait[idx], transfer[idx], counts_by_run[run] = split_wait_transfer(coll.iloc[idx], world)
+    coll["wait_us"] = wait
+    coll["transfer_us"] = transfer
+    ranks = {run: len(r) for run, r in collector.ranks_by_run.items()}
+    for text in split_notes(counts_by_run, ranks):
+        collector.note(text)
+    return coll
+
+
+def _collective_mask(df: pd.DataFrame) -> np.ndarray:
+    return df["kernel_class"].astype(str).isin(COLLECTIVE_CLASSES).to_numpy() & (
+        df["start_us"].notna().to_numpy() if "start_us" in df else False)
+
+
+def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict | None = None,
+                column_map: dict | None = None, progress: bool = True) -> pd.DataFrame:
+    """Read trace files into one validated trace table.
+
+    Parameters
+    ----------
+    paths
+        A file, directory (searched recursively) or glob pattern, or a list of them. The
+        format of each file is recognised from its content.
+    gpus_per_node
+        GPUs per node, used to derive a node when a trace names no host.
+    rank_to_node
+        Mapping global rank → node name (overrides host names in traces).
+    column_map
+        Passed to the tabular reader: ``{column in file: schema column}``.
+    progress
+        Show a progress bar over files.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The trace table (:mod:`bayesprism.schema`), with ``attrs`` holding ``runs`` (platform,
+        world size, GPUs per node, source files, ...), ``skipped`` ``{reason: count}`` and
+        ``notes``. Collective rows carry ``wait_us``/``transfer_us`` where every participant's
+        file was read (:mod:`bayesprism.ingest.waits`).
+
+    Raises
+    ------
+    TraceFormatError
+        Listing every problem in every file (one line each).
+    """
+    files, problems = expand_paths(paths)
+    collector = _Collector(problems=list(problems))
+    options = _reader_options(gpus_per_node, rank_to_node, column_map)
+    frames = list(_iter_read(files, options, collector, progress))
+    _finish_problems(collector, bool(frames))
+    columns = [c for c in ALL_COLUMNS if any(c in f.columns for f in frames)]
+    df = pd.concat([_to_columns(f, columns) for f in frames], ignore_index=True)
+    coll = _collective_mask(df)
+    if coll.any():
+        split = _apply_split(df.loc[coll], collector)
+        df.loc[coll, "wait_us"] = split["wait_us"].to_numpy()
+        df.loc[coll, "transfer_us"] = split["transfer_us"].to_numpy()
+    attrs = collector.attrs
+    df = validate_table(df, source="trace table")
+    df.attrs = attrs
+    return df
+
+
+def _to_columns(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    out = df.reindex(columns=columns)
+    for col in columns:
+        if col not in df.columns and ALL_COLUMNS[col] in ("category",):
+            out[col] = out[col].astype(object)
+    return out
+
+
+def _arrow_schema():
+    import pyarrow as pa
+
+    types = {
+        "category": pa.dictionary(pa.int32(), pa.string()),
+        "int64": pa.int64(), "Int64": pa.int64(), "float64": pa.float64(),
+    }
+    fields = []
+    for col, dtype in ALL_COLUMNS.items():
+        kind = "category" if not isinstance(dtype, str) else dtype
+        fields.append(pa.field(col, types[kind], nullable=col not in REQUIRED_COLUMNS))
+    return pa.schema(fields)
+
+
+def _to_arrow(df: pd.DataFrame, schema):
+    import pyarrow as pa
+
+    arrays = []
+    for fld in schema:
+        if fld.name in df.columns:
+            series = df[fld.name]
+            if pa.types.is_dictionary(fld.type):
+                values = series.astype(object).where(series.notna(), None)
+                arr = pa.array(values.to_numpy(dtype=object), type=pa.string()).dictionary_encode()
+                arr = arr.cast(fld.type)
+            elif pa.types.is_integer(fld.type):
+                arr = pa.array(series.astype("Int64").to_numpy(dtype=object, na_value=None)
+                               if series.hasnans else series.to_numpy(dtype=np.int64),
+                               type=fld.type)
+            else:
+                arr = pa.array(series.to_numpy(dtype=np.float64, na_value=np.nan),
+                               type=fld.type, from_pandas=True)
+        else:
+            arr = pa.nulls(len(df), type=fld.type)
+        arrays.append(arr)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = None,
+                      rank_to_node: dict | None = None, column_map: dict | None = None,
+                      progress: bool = True) -> dict:
+    """Read trace files one at a time into a Parquet trace table, with bounded memory.
+
+    Pass 1 reads file by file: non-collective rows go straight to the output file, collective
+    rows to a side file. Pass 2 reads the collective rows only, splits their durations into
+    wait and transfer (:mod:`bayesprism.ingest.waits`) and appends them. The run metadata is
+    stored as :func:`bayesprism.schema.write_table` does, so
+    :func:`bayesprism.schema.read_table` reads the file back (validated, attrs restored).
+    Every optional schema column is present in the file (empty where no input had it).
+    Written to a temporary name and renamed: a failure never leaves a partial ``out``.
+
+    Parameters
+    ----------
+    paths, gpus_per_node, rank_to_node, column_map, progress
+        As in :func:`read_traces`.
+    out
+        Output Parquet file.
+
+    Returns
+    -------
+    dict
+        The summary of the written table (:func:`bayesprism.ingest.summary.summarize_table`).
+
+    Raises
+    ------
+    TraceFormatError
+        Listing every problem in every file; nothing is written then.
+    """
+    import pyarrow.parquet as pq
+
+    out = Path(out)
+    files, problems = expand_paths(paths)
+    collector = _Collector(problems=list(problems))
+    options = _reader_options(gpus_per_node, rank_to_node, column_map)
+    schema = _arrow_schema()
+    tmp_out = out.with_name(out.name + ".tmp")
+    tmp_coll = out.with_name(out.name + ".collectives.tmp")
+    summary = SummaryAccumulator()
+    wrote = False
+    try:
+        # store_schema=False: readers then take the schema metadata from the key-value metadata
+        # added at the end (the attrs), instead of the Arrow schema frozen at the start.
+        with pq.ParquetWriter(tmp_out, schema, store_schema=False) as writer, \
+                pq.ParquetWriter(tmp_coll, schema) as coll_writer:
+            for df in _iter_read(files, options, collector, progress):
+                wrote = True
+                coll = _collective_mask(df)
+                rest = df.loc[~coll]
+                if len(rest):
+                    writer.write_table(_to_arrow(rest, schema))
+                    summary.add(rest)
+                if coll.any():
+                    coll_writer.write_table(_to_arrow(df.loc[coll], schema))
+            coll_writer.close()
+            _finish_problems(collector, wrote)
+            coll_table = pq.read_table(tmp_coll)
+            if coll_table.num_rows:
+                coll_df = coll_table.to_pandas()
+                coll_df = _apply_split(coll_df, collector)
+                writer.write_table(_to_arrow(coll_df, schema))
+                summary.add(coll_df)
+            del coll_table
+            writer.add_key_value_metadata(
+                {ATTRS_KEY: json.dumps(_jsonable(collector.attrs)).encode()})
+        tmp_out.replace(out)
+    finally:
+        for tmp in (tmp_out, tmp_coll):
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+    return summary.result(collector.attrs)

@@ -1,0 +1,484 @@
+"""PyTorch profiler (Kineto) Chrome-trace JSON → trace-table rows, one file per rank.
+
+What is read, and how (DESIGN §4):
+
+* rows are the GPU activities of ``traceEvents``: ``cat == "kernel"`` complete events
+  (``ph == "X"``) and the ``gpu_memcpy`` / ``gpu_memset`` activities (class ``memcpy``: they
+  occupy the GPU inside a step just like kernels);
+* the step of a kernel is the ``ProfilerStep#N`` CPU ``user_annotation`` range that contains
+  the CPU launch (``cuda_runtime``/``cuda_driver`` event with the kernel's ``correlation`` id);
+  kernels whose launch is not in the trace fall back to ``gpu_user_annotation``
+  ``ProfilerStep#N`` ranges on the GPU timeline; a kernel in neither is counted as skipped
+  (``"kernel outside any ProfilerStep"``), never dropped silently;
+* ``rank`` and ``world_size`` come from ``distributedInfo``. A trace without it is an error
+  unless the caller passes ``rank=`` (then ``world_size=`` or 1);
+* the node is, in order: ``node=``; ``rank_to_node[rank]``; the ``host_name`` metadata key;
+  the host of the file name as ``torch.profiler.tensorboard_trace_handler`` writes it
+  (``<host>_<pid>.<ms>.pt.trace.json``); else ``node<rank // gpus_per_node>`` with an
+  :class:`~bayesprism.errors.IngestWarning` (``gpus_per_node`` from the option, else the number
+  of ``deviceProperties`` entries, else 8);
+* the local GPU is ``args.device``;
+* NCCL kernels (``ncclKernel_*``, ``ncclDevKernel_*``): class from ``args["Collective name"]``
+  when present, else from the kernel name; ``bytes`` = max(``In msg nelems``,
+  ``Out msg nelems``) × dtype size (the full buffer, the convention of
+  :mod:`bayesprism.collectives`); ``group_size`` from ``Group size``; ``process_group`` from
+  ``Process Group Name``; ``dtype`` from ``args["dtype"]`` or the kernel name;
+* kernels with a missing, zero or negative duration are counted as skipped (reason
+  ``"kernel with missing (NaN) duration"`` / ``"kernel with zero or negative duration"``);
+* ``occurrence`` is the n-th (from 0) launch of the same normalised kernel name on the rank in
+  the step, in GPU start order.
+
+Parsing uses ``orjson`` (falls back to the standard library for JSON with ``NaN`` literals);
+events are scanned once and only a few flat lists are kept, then everything is vectorised.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import warnings
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from bayesprism.errors import IngestWarning, Problem, TraceFormatError
+from bayesprism.ingest.classify import (
+    classify_kernel,
+    collective_class,
+    is_nccl_kernel,
+    normalize_kernel_name,
+)
+from bayesprism.schema import KERNEL_CLASS_DTYPE, coerce_table
+
+try:  # orjson is several times faster than the standard library on large traces
+    import orjson as _orjson
+except ModuleNotFoundError:  # pragma: no cover - optional speed-up
+    _orjson = None
+
+GPU_ACTIVITY_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+STEP_PREFIX = "ProfilerStep#"
+DEFAULT_GPUS_PER_NODE = 8
+
+SKIP_OUTSIDE_STEP = "kernel outside any ProfilerStep"
+SKIP_NAN_DURATION = "kernel with missing (NaN) duration"
+SKIP_NONPOSITIVE_DURATION = "kernel with zero or negative duration"
+
+#: ``<host>_<pid>.<timestamp>.pt.trace.json[.gz]`` (torch.profiler.tensorboard_trace_handler).
+TRACE_HANDLER_NAME = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<ts>\d+)\.pt\.trace\.json(\.gz)?$")
+
+#: dtype spellings (profiler ``args["dtype"]`` and NCCL kernel-name suffixes) → (name, bytes).
+DTYPES: dict[str, tuple[str, int]] = {
+    "float": ("float32", 4), "float32": ("float32", 4), "f32": ("float32", 4),
+    "half": ("float16", 2), "float16": ("float16", 2), "__half": ("float16", 2),
+    "f16": ("float16", 2),
+    "bfloat16": ("bfloat16", 2), "__nv_bfloat16": ("bfloat16", 2), "bf16": ("bfloat16", 2),
+    "double": ("float64", 8), "float64": ("float64", 8), "f64": ("float64", 8),
+    "char": ("int8", 1), "int8_t": ("int8", 1), "int8": ("int8", 1), "i8": ("int8", 1),
+    "byte": ("uint8", 1), "uint8_t": ("uint8", 1), "uint8": ("uint8", 1), "u8": ("uint8", 1),
+    "bool": ("bool", 1),
+    "int": ("int32", 4), "int32_t": ("int32", 4), "int32": ("int32", 4), "i32": ("int32", 4),
+    "uint32_t": ("uint32", 4), "u32": ("uint32", 4),
+    "long": ("int64", 8), "int64_t": ("int64", 8), "int64": ("int64", 8), "i64": ("int64", 8),
+    "uint64_t": ("uint64", 8), "u64": ("uint64", 8),
+    "float8_e4m3fn": ("float8_e4m3", 1), "__nv_fp8_e4m3": ("float8_e4m3", 1),
+    "f8e4m3": ("float8_e4m3", 1),
+    "float8_e5m2": ("float8_e5m2", 1), "__nv_fp8_e5m2": ("float8_e5m2", 1),
+    "f8e5m2": ("float8_e5m2", 1),
+}
+_NCCL_NAME_DTYPE = re.compile(r"_(?:Sum|Prod|Max|Min|PreMulSum|SumPostDiv|Avg)_(\w+)$")
+
+
+def can_read(path: Path, head: bytes) -> bool:
+    """True when ``head`` (first 64 KiB, decompressed) looks like a Chrome-trace JSON object."""
+    text = head.lstrip()
+    if not text.startswith(b"{"):
+        return False
+    return any(key in head for key in (b'"traceEvents"', b'"distributedInfo"',
+                                       b'"deviceProperties"', b'"schemaVersion"'))
+
+
+def load_trace_json(path: Path) -> dict:
+    """Read, decompress and parse one trace file; raises TraceFormatError naming the file."""
+    source = str(path)
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except EOFError:
+            raise TraceFormatError(Problem(
+                source, "", "truncated gzip: the compressed data ends before the end-of-stream "
+                "marker (incomplete copy?)")) from None
+        except (OSError, zlib.error) as exc:
+            raise TraceFormatError(Problem(source, "", f"corrupt gzip data: {exc}")) from None
+    try:
+        data = _orjson.loads(raw) if _orjson is not None else json.loads(raw)
+    except ValueError:
+        # The standard library accepts NaN/Infinity literals that orjson rejects, and names the
+        # line and column of a syntax error.
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise TraceFormatError(Problem(source, "", f"invalid JSON: {exc}")) from None
+    if not isinstance(data, dict):
+        raise TraceFormatError(Problem(source, "", "not a Chrome-trace JSON object "
+                                       f"(top level is a {type(data).__name__})"))
+    events = data.get("traceEvents")
+    if not isinstance(events, list):
+        raise TraceFormatError(Problem(source, "traceEvents",
+                                       "missing or not a list: not a PyTorch profiler trace"))
+    return data
+
+
+def _as_float(values: list) -> np.ndarray:
+    try:
+        return np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(
+            dtype=np.float64, na_value=np.nan)
+
+
+def _step_ranges(events: list[tuple[str, float, float]]) -> tuple[np.ndarray, np.ndarray,
+                                                                   np.ndarray]:
+    """Sorted (start, end, step number) arrays of ProfilerStep#N ranges."""
+    rows = []
+    for name, ts, dur in events:
+        try:
+            rows.append((float(ts), float(ts) + float(dur), int(name[len(STEP_PREFIX):])))
+        except (TypeError, ValueError):
+            continue
+    rows.sort()
+    if not rows:
+        return np.empty(0), np.empty(0), np.empty(0, dtype=np.int64)
+    arr = np.array(rows, dtype=np.float64)
+    return arr[:, 0], arr[:, 1], arr[:, 2].astype(np.int64)
+
+
+def _lookup_step(times: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                 numbers: np.ndarray) -> np.ndarray:
+    """Step number of the range containing each time, -1 where none does (NaN times: -1)."""
+    out = np.full(times.shape, -1, dtype=np.int64)
+    if len(starts) == 0:
+        return out
+    idx = np.searchsorted(starts, times, side="right") - 1
+    ok = (idx >= 0) & np.isfinite(times)
+    idx_ok = np.where(ok, idx, 0)
+    ok &= times <= ends[idx_ok]
+    out[ok] = numbers[idx_ok[ok]]
+    return out
+
+
+def _node_of(path: Path, host, devices, rank: int, *, node, gpus_per_node, rank_to_node,
+             host_from_file_name: bool, source: str) -> tuple[str | None, str | None, Problem | None]:
+    """(node, note, problem) for this rank; the note says when the node was guessed."""
+    if node is not None:
+        return str(node), None, None
+    if rank_to_node is not None:
+        mapping = {int(k): v for k, v in dict(rank_to_node).items()}
+        if rank not in mapping:
+            return None, None, Problem(source, "rank_to_node", f"has no entry for rank {rank}")
+        return str(mapping[rank]), None, None
+    if isinstance(host, str) and host:
+        return host, None, None
+    match = TRACE_HANDLER_NAME.match(path.name) if host_from_file_name else None
+    if match:
+        return match.group("host"), None, None
+    if gpus_per_node:
+        gpn, why = int(gpus_per_node), "gpus_per_node"
+    elif isinstance(devices, list) and devices:
+        gpn, why = len(devices), "the number of deviceProperties entries"
+    else:
+        gpn, why = DEFAULT_GPUS_PER_NODE, "a default, nothing in the trace says"
+    note = (f"node taken as rank // {gpn} ({gpn} GPUs per node from {why}): no host name in "
+            "the file names or trace metadata; pass rank_to_node (or gpus_per_node) to say")
+    return f"node{rank // gpn}", note, None
+
+
+def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int | None = None,
+                rank_to_node: dict | None = None, run: str | None = None,
+                rank: int | None = None, world_size: int | None = None,
+                host_from_file_name: bool = True) -> tuple[pd.DataFrame, dict]:
+    """Read one PyTorch profiler (Kineto) trace file into trace-table rows.
+
+    Parameters
+    ----------
+    path
+        ``.json`` or ``.json.gz`` Chrome trace of one rank.
+    node
+        Node name of this rank (overrides everything else).
+    gpus_per_node
+        Used only when no host name is known: node = ``rank // gpus_per_node``.
+    rank_to_node
+        Mapping global rank → node name.
+    run
+        Run name (default: the name of the file's directory).
+    rank, world_size
+        Used only when the trace has no ``distributedInfo``.
+    host_from_file_name
+        Take the host from a ``<host>_<pid>.<ms>.pt.trace.json`` file name. The dispatcher
+        turns this off for a run whose file names all carry the same "pid" (then the names
+        were chosen by hand, e.g. ``worker3_step_12.<ms>.pt.trace.json``, and say no host).
+
+    Returns
+    -------
+    (pandas.DataFrame, dict)
+        Rows in the trace-table schema (``wait_us``/``transfer_us`` empty: they need all ranks,
+        see :mod:`bayesprism.ingest.waits`), and a report with keys ``run``, ``skipped``
+        ``{reason: count}``, ``notes``, ``run_meta``, plus ``rank``, ``world_size``,
+        ``start_us`` (first kernel start), ``job`` (job name from metadata, or None),
+        ``gpu_events`` (GPU activities read) and ``kernel_events`` (of which ``cat == "kernel"``).
+
+    Raises
+    ------
+    TraceFormatError
+        Unreadable file, missing ``distributedInfo``, no kernels, no ProfilerStep annotations.
+    """
+    path = Path(path)
+    source = str(path)
+    data = load_trace_json(path)
+    problems: list[Problem] = []
+    notes: list[str] = []
+    run = run if run is not None else (path.resolve().parent.name or "run")
+
+    info = data.get("distributedInfo")
+    if isinstance(info, dict) and "rank" in info:
+        try:
+            rank = int(info["rank"])
+            world_size = int(info.get("world_size", world_size or rank + 1))
+        except (TypeError, ValueError):
+            problems.append(Problem(source, "distributedInfo.rank",
+                                    f"is not an integer: {info.get('rank')!r}"))
+    elif rank is None:
+        problems.append(Problem(
+            source, "distributedInfo",
+            "missing: the trace does not say its rank (record it with a distributed backend, "
+            "or pass rank= to read_kineto)"))
+    else:
+        rank, world_size = int(rank), int(world_size or 1)
+        notes.append(f"{path.name}: no distributedInfo; rank {rank} and world size "
+                     f"{world_size} taken from the options")
+
+    names: list = []
+    is_kernel: list = []
+    ts: list = []
+    dur: list = []
+    device: list = []
+    stream: list = []
+    corr: list = []
+    coll_rows: list[int] = []
+    coll_args: list[dict] = []
+    launch_corr: list = []
+    launch_ts: list = []
+    cpu_steps: list = []
+    gpu_steps: list = []
+    for ev in data["traceEvents"]:
+        cat = ev.get("cat")
+        if cat in LAUNCH_CATEGORIES:
+            args = ev.get("args")
+            if args is not None:
+                c = args.get("correlation")
+                if c is not None:
+                    launch_corr.append(c)
+                    launch_ts.append(ev.get("ts"))
+        elif cat in GPU_ACTIVITY_CATEGORIES:
+            if ev.get("ph") != "X":
+                continue
+            args = ev.get("args") or {}
+            names.append(ev.get("name"))
+            is_kernel.append(cat == "kernel")
+            ts.append(ev.get("ts"))
+            dur.append(ev.get("dur"))
+            device.append(args.get("device"))
+            stream.append(args.get("stream"))
+            corr.append(args.get("correlation"))
+            if "Collective name" in args or "In msg nelems" in args:
+                coll_rows.append(len(names) - 1)
+                coll_args.append(args)
+        elif cat == "user_annotation" or cat == "gpu_user_annotation":
+            name = ev.get("name")
+            if isinstance(name, str) and name.startswith(STEP_PREFIX):
+                (cpu_steps if cat == "user_annotation" else gpu_steps).append(
+                    (name, ev.get("ts"), ev.get("dur")))
+
+    devices_meta = data.get("deviceProperties")
+    host_meta = data.get("host_name") or data.get("hostname")
+    job = data.get("mast_job_name") or data.get("tw_job")
+    del data  # the parsed events are the bulk of the memory: free them before the frames
+
+    n_kernels = sum(1 for n in names if isinstance(n, str))
+    if not names:
+        problems.append(Problem(source, "traceEvents",
+                                "no GPU kernel events (cat 'kernel', ph 'X'): nothing to read"))
+    elif n_kernels < len(names):
+        problems.append(Problem(source, "traceEvents.name", "GPU events without a kernel name",
+                                len(names) - n_kernels))
+    if not cpu_steps and not gpu_steps:
+        problems.append(Problem(source, "traceEvents",
+                                "no ProfilerStep#N annotation: kernels cannot be assigned to "
+                                "steps (profile with torch.profiler.schedule / prof.step())"))
+    if rank is not None and not problems:
+        node_name, node_note, node_problem = _node_of(
+            path, host_meta, devices_meta, rank, node=node, gpus_per_node=gpus_per_node,
+            rank_to_node=rank_to_node, host_from_file_name=host_from_file_name, source=source)
+        if node_problem is not None:
+            problems.append(node_problem)
+        if node_note is not None:
+            warnings.warn(node_note, IngestWarning, stacklevel=2)
+            notes.append(node_note)
+    if problems:
+        raise TraceFormatError(problems)
+
+    start = _as_float(ts)
+    duration = _as_float(dur)
+    skipped: dict[str, int] = {}
+    nan_dur = np.isnan(duration) | np.isnan(start)
+    bad_dur = ~nan_dur & ~(duration > 0)
+    if nan_dur.any():
+        skipped[SKIP_NAN_DURATION] = int(nan_dur.sum())
+    if bad_dur.any():
+        skipped[SKIP_NONPOSITIVE_DURATION] = int(bad_dur.sum())
+
+    # Step of each kernel: CPU launch inside a CPU ProfilerStep range, else GPU range.
+    corr_arr = _as_float(corr)
+    step = np.full(len(names), -1, dtype=np.int64)
+    launched = np.zeros(len(names), dtype=bool)
+    if launch_corr:
+        l_corr = _as_float(launch_corr)
+        l_ts = _as_float(launch_ts)
+        order = np.argsort(l_corr, kind="stable")
+        l_corr, l_ts = l_corr[order], l_ts[order]
+        pos = np.clip(np.searchsorted(l_corr, corr_arr), 0, len(l_corr) - 1)
+        launched = l_corr[pos] == corr_arr
+        launch_time = np.where(launched, l_ts[pos], np.nan)
+        step = _lookup_step(launch_time, *_step_ranges(cpu_steps))
+    if gpu_steps:
+        fallback = ~launched
+        step[fallback] = _lookup_step(start[fallback], *_step_ranges(gpu_steps))
+    valid = ~nan_dur & ~bad_dur
+    outside = valid & (step < 0)
+    if outside.any():
+        skipped[SKIP_OUTSIDE_STEP] = int(outside.sum())
+    keep = valid & (step >= 0)
+
+    # Kernel names: normalise and classify each distinct name once.
+    codes, uniques = pd.factorize(pd.Series(names, dtype=object))
+    norm = np.array([normalize_kernel_name(u) for u in uniques], dtype=object)
+    classes = np.array([classify_kernel(u) for u in uniques], dtype=object)
+    kernel = norm[codes]
+    kclass = classes[codes]
+
+    # Collective details, where the profiler recorded them.
+    n = len(names)
+    nbytes = np.full(n, np.nan)
+    group_size = np.full(n, np.nan)
+    process_group = np.full(n, None, dtype=object)
+    dtype = np.full(n, None, dtype=object)
+    nccl_unique = np.array([is_nccl_kernel(u) for u in uniques], dtype=bool)
+    is_nccl = nccl_unique[codes]
+    if is_nccl.any():
+        dtype_unique = np.array([_dtype_from_name(u) for u in norm], dtype=object)
+        dtype[is_nccl] = dtype_unique[codes[is_nccl]]
+    for i, args in zip(coll_rows, coll_args, strict=True):
+        cls = collective_class(args.get("Collective name"))
+        if cls is not None and is_nccl[i]:
+            kclass[i] = cls
+        spelled = args.get("dtype")
+        if spelled is not None:
+            dtype[i] = DTYPES.get(str(spelled).lower(), (str(spelled).lower(), 0))[0]
+        size = DTYPES.get(str(spelled).lower(), (None, 0))[1] if spelled is not None else 0
+        nelems = [args.get("In msg nelems"), args.get("Out msg nelems")]
+        nelems = [v for v in nelems if isinstance(v, (int, float))]
+        if nelems and size:
+            nbytes[i] = float(max(nelems)) * size
+        gs = args.get("Group size")
+        if isinstance(gs, (int, float)):
+            group_size[i] = gs
+        pg = args.get("Process Group Name")
+        if pg is not None:
+            process_group[i] = str(pg)
+
+    dev = _as_float(device)
+    if np.isnan(dev).any():
+        known = dev[~np.isnan(dev)]
+        dev[np.isnan(dev)] = np.bincount(known.astype(np.int64)).argmax() if len(known) else 0
+    strm = _as_float(stream)
+
+    platform = _platform(devices_meta, dev)
+    df = pd.DataFrame({
+        "run": run,
+        "step": step[keep],
+        "rank": rank,
+        "node": node_name,
+        "gpu": dev[keep].astype(np.int64),
+        "kernel": kernel[keep],
+        "kernel_class": pd.Categorical(kclass[keep], dtype=KERNEL_CLASS_DTYPE),
+        "duration_us": duration[keep],
+        "start_us": start[keep],
+        "stream": pd.array(strm[keep], dtype="Int64"),
+        "bytes": nbytes[keep],
+        "dtype": dtype[keep],
+        "group_size": group_size[keep],
+        "process_group": process_group[keep],
+        "wait_us": np.nan,
+        "transfer_us": np.nan,
+        "source": path.name,
+    })
+    df = df.sort_values(["step", "start_us"], kind="stable", ignore_index=True)
+    df["occurrence"] = df.groupby(["step", "kernel"], sort=False).cumcount().astype("Int64")
+    df = coerce_table(df, source)
+
+    run_meta = {
+        "format": "kineto",
+        "platform": platform,
+        "world_size": world_size,
+        "gpus_per_node": _gpus_per_node(gpus_per_node, devices_meta),
+        "source_files": [source],
+    }
+    if isinstance(info, dict):
+        for key in ("backend", "nccl_version"):
+            if info.get(key) is not None:
+                run_meta[key] = info[key]
+    report = {
+        "run": run,
+        "skipped": skipped,
+        "notes": notes,
+        "run_meta": run_meta,
+        "rank": rank,
+        "world_size": world_size,
+        "start_us": float(np.nanmin(start)) if np.isfinite(start).any() else None,
+        "job": job,
+        "gpu_events": n,
+        "kernel_events": int(sum(is_kernel)),
+    }
+    return df, report
+
+
+def _dtype_from_name(name: str) -> str | None:
+    match = _NCCL_NAME_DTYPE.search(name)
+    if not match:
+        return None
+    return DTYPES.get(match.group(1).lower(), (match.group(1).lower(), 0))[0]
+
+
+def _platform(devices, dev: np.ndarray) -> str:
+    if isinstance(devices, list) and devices:
+        ids = dev[~np.isnan(dev)]
+        local = int(ids[0]) if len(ids) else 0
+        for entry in devices:
+            if isinstance(entry, dict) and entry.get("id") == local and entry.get("name"):
+                return str(entry["name"])
+        first = devices[0]
+        if isinstance(first, dict) and first.get("name"):
+            return str(first["name"])
+    return "unknown"
+
+
+def _gpus_per_node(option, devices) -> int | None:
+    if option:
+        return int(option)
+    if isinstance(devices, list) and devices:
+        return len(devices)
+    return None

@@ -1,0 +1,144 @@
+"""Split each collective's measured duration into waiting for peers and transferring data.
+
+A collective kernel starts on a rank when that rank reaches it and ends (nearly) together on all
+participants once the slowest one has arrived and the data has moved. So for one collective
+*instance* with participants ``i`` (start ``s_i``, duration ``d_i``, end ``e_i = s_i + d_i``)
+and latest start ``S = max_i s_i``::
+
+    transfer_i = e_i - S          # time after the last participant arrived
+    wait_i     = d_i - transfer_i = S - s_i
+
+so the last arriver waits 0 and ``wait_i + transfer_i == d_i`` exactly.
+
+Instances are matched across the rank files of a run by (run, step, process group, kernel
+name, occurrence): the n-th launch of the same NCCL kernel in the same step and group. A trace
+without ``Process Group Name`` puts all its collectives in one unnamed group. An instance is
+*complete* when it has exactly one row per participant and as many participants as its group
+(``group_size``, or the run's world size when the trace does not say). Incomplete instances
+(ranks missing from the files, a rank with an extra launch) get NaN, and are counted.
+
+Clocks. Ranks on one node share the host clock; across nodes we assume the clocks agree to
+well within a collective's duration (NTP/PTP-synchronised hosts), so starts can be compared.
+When the data contradict this for an instance (some participant *ends before* the latest start,
+impossible with agreeing clocks), the instance falls back to a clock-free estimate: every
+participant's transfer is the shortest duration among them (the participant that waited least)
+and the rest of its duration is waiting. Such instances are counted as clock anomalies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+MATCH_COLUMNS = ("run", "step", "process_group", "kernel", "occurrence")
+
+
+def split_wait_transfer(
+    rows: pd.DataFrame, world_sizes: Mapping[str, int | None] | None = None
+) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    """Wait and transfer time of every collective row.
+
+    Parameters
+    ----------
+    rows
+        Collective rows of one or more runs, with columns ``run``, ``step``, ``rank``,
+        ``kernel``, ``occurrence``, ``start_us``, ``duration_us`` and optionally
+        ``process_group`` and ``group_size``.
+    world_sizes
+        World size of each run: the number of participants of an instance whose
+        ``group_size`` is unknown.
+
+    Returns
+    -------
+    (wait_us, transfer_us, counts)
+        Arrays aligned with ``rows`` (NaN where the split is not possible) and counts:
+        ``instances``, ``split_instances``, ``incomplete_instances``, ``incomplete_rows``,
+        ``duplicate_rank_instances``, ``clock_anomaly_instances``.
+    """
+    n = len(rows)
+    wait = np.full(n, np.nan)
+    transfer = np.full(n, np.nan)
+    counts = dict.fromkeys(("instances", "split_instances", "incomplete_instances",
+                            "incomplete_rows", "duplicate_rank_instances",
+                            "clock_anomaly_instances"), 0)
+    if n == 0:
+        return wait, transfer, counts
+    keys = pd.DataFrame({
+        "run": rows["run"].astype(str).to_numpy(),
+        "step": rows["step"].to_numpy(),
+        "process_group": (rows["process_group"].astype(object).fillna("").astype(str).to_numpy()
+                          if "process_group" in rows else ""),
+        "kernel": rows["kernel"].astype(str).to_numpy(),
+        "occurrence": rows["occurrence"].astype("float64").fillna(-1).to_numpy(),
+    })
+    group = keys.groupby(list(MATCH_COLUMNS), sort=False).ngroup().to_numpy()
+    start = rows["start_us"].to_numpy(dtype=np.float64, na_value=np.nan)
+    duration = rows["duration_us"].to_numpy(dtype=np.float64, na_value=np.nan)
+    end = start + duration
+    rank = rows["rank"].to_numpy()
+
+    frame = pd.DataFrame({"g": group, "rank": rank, "start": start, "end": end, "dur": duration})
+    by = frame.groupby("g", sort=False)
+    n_rows = by["rank"].transform("size").to_numpy()
+    n_ranks = by["rank"].transform("nunique").to_numpy()
+    latest_start = by["start"].transform("max").to_numpy()
+    earliest_end = by["end"].transform("min").to_numpy()
+    shortest = by["dur"].transform("min").to_numpy()
+
+    if "group_size" in rows:
+        expected = rows["group_size"].astype("float64").to_numpy(na_value=np.nan)
+    else:
+        expected = np.full(n, np.nan)
+    sizes = world_sizes or {}
+    run_size = keys["run"].map(lambda r: sizes.get(r) or np.nan).to_numpy(dtype=np.float64)
+    expected = np.where(np.isnan(expected), run_size, expected)
+
+    duplicate = n_rows != n_ranks
+    complete = ~duplicate & (n_ranks >= 2) & (n_ranks == expected) & np.isfinite(end)
+    anomaly = complete & (earliest_end < latest_start)
+
+    measured = np.clip(end - latest_start, 0.0, duration)
+    est_transfer = np.where(anomaly, shortest, measured)
+    transfer[complete] = est_transfer[complete]
+    wait[complete] = duration[complete] - est_transfer[complete]
+
+    first = ~pd.Series(group).duplicated().to_numpy()
+    counts["instances"] = int(first.sum())
+    counts["split_instances"] = int((first & complete).sum())
+    counts["incomplete_instances"] = int((first & ~complete & ~duplicate).sum())
+    counts["incomplete_rows"] = int((~complete & ~duplicate).sum())
+    counts["duplicate_rank_instances"] = int((first & duplicate).sum())
+    counts["clock_anomaly_instances"] = int((first & anomaly).sum())
+    return wait, transfer, counts
+
+
+def split_notes(counts_by_run: Mapping[str, dict[str, int]],
+                ranks_by_run: Mapping[str, int]) -> list[str]:
+    """Plain-language notes on what the split could and could not do, one per issue and run."""
+    notes = []
+    for run, counts in counts_by_run.items():
+        n_ranks = ranks_by_run.get(run, 0)
+        if counts["instances"] == 0:
+            continue
+        if n_ranks < 2:
+            notes.append(f"run {run}: wait/transfer split of collectives not possible: only one "
+                         "rank is present (wait_us and transfer_us left empty)")
+            continue
+        if counts["incomplete_instances"]:
+            notes.append(
+                f"run {run}: wait/transfer split left empty for {counts['incomplete_rows']} "
+                f"collective rows ({counts['incomplete_instances']} of {counts['instances']} "
+                "instances): fewer participants in the files than the group has (group_size, "
+                "else the world size)")
+        if counts["duplicate_rank_instances"]:
+            notes.append(
+                f"run {run}: {counts['duplicate_rank_instances']} collective instances have two "
+                "rows of the same rank (ambiguous matching): wait/transfer left empty")
+        if counts["clock_anomaly_instances"]:
+            notes.append(
+                f"run {run}: {counts['clock_anomaly_instances']} collective instances have a "
+                "participant that ended before the last one started (rank clocks disagree): "
+                "transfer taken as the shortest participant duration")
+    return notes

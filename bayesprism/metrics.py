@@ -1,0 +1,244 @@
+"""Scores of a predictive distribution, given as draws, against held-out measurements.
+
+Every function takes ``predicted`` either as a 1-D array of draws shared by all observations,
+or as a 2-D array of shape ``(n_draws, n_observed)`` whose column j is the predictive
+distribution of observation j (e.g. each held-out row predicted in its own context). Scores
+that need one distribution for all observations (KS distance, quantile errors) use the
+*mixture* of the columns, i.e. all draws pooled, which is the predictive distribution of a
+held-out observation picked at random.
+
+Definitions (F is the predictive distribution, y_1..y_m the held-out measurements):
+
+``ks``
+    Two-sample Kolmogorov–Smirnov distance sup_x |F̂_pred(x) − F̂_obs(x)| between the
+    empirical CDF of the predictive draws and that of the observations (0 = identical,
+    1 = disjoint).
+``coverage_50``, ``coverage_90``
+    Fraction of observations inside the central 50% / 90% predictive interval
+    [q_{(1−p)/2}, q_{(1+p)/2}] of their predictive distribution. A calibrated forecast covers
+    about p.
+``crps``
+    Continuous ranked probability score, mean over observations of
+    CRPS(F, y) = E|X − y| − ½ E|X − X'| (X, X' independent draws from F), in the units of
+    the data (lower is better; equals the absolute error for a point forecast).
+``p50_error``, ``p95_error``
+    Signed relative error of a quantile: (q̂_pred − q̂_obs) / q̂_obs for the median and the
+    95th percentile. Positive means the forecast is slower (pessimistic) than measured.
+``pit``
+    Probability integral transform F(y_j) of each observation (ties counted half); uniform on
+    [0, 1] for a calibrated forecast, U-shaped when the forecast is too narrow, humped when too
+    wide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import stats
+
+#: Metric names of :func:`score`, in table order.
+METRICS: tuple[str, ...] = ("ks", "coverage_50", "coverage_90", "crps", "p50_error", "p95_error")
+
+
+def _as_arrays(predicted, observed) -> tuple[np.ndarray, np.ndarray]:
+    pred = np.asarray(predicted, dtype=float)
+    obs = np.asarray(observed, dtype=float).reshape(-1)
+    if pred.ndim not in (1, 2):
+        raise ValueError(f"predicted must be 1-D or 2-D (draws, observations), got {pred.shape}")
+    if pred.ndim == 2 and pred.shape[1] != obs.size:
+        raise ValueError(
+            f"predicted has {pred.shape[1]} columns but there are {obs.size} observations"
+        )
+    if pred.shape[0] == 0 or obs.size == 0:
+        raise ValueError("need at least one predictive draw and one observation")
+    if not (np.all(np.isfinite(pred)) and np.all(np.isfinite(obs))):
+        raise ValueError("predicted draws and observations must be finite")
+    return pred, obs
+
+
+def ks_distance(predicted, observed) -> float:
+    """Two-sample Kolmogorov–Smirnov distance between predictive draws and observations.
+
+    Parameters
+    ----------
+    predicted
+        Draws, 1-D or ``(n_draws, n_observed)`` (pooled into the mixture).
+    observed
+        Held-out measurements.
+
+    Returns
+    -------
+    float
+        sup_x |F̂_pred(x) − F̂_obs(x)| in [0, 1] (``scipy.stats.ks_2samp``).
+    """
+    pred, obs = _as_arrays(predicted, observed)
+    return float(stats.ks_2samp(pred.reshape(-1), obs).statistic)
+
+
+def interval_coverage(predicted, observed, level: float) -> float:
+    """Fraction of observations inside the central ``level`` predictive interval.
+
+    The interval of each observation is [q_{(1−level)/2}, q_{(1+level)/2}] of its predictive
+    draws (the shared draws when ``predicted`` is 1-D), ends included.
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    pred, obs = _as_arrays(predicted, observed)
+    lo, hi = np.quantile(pred, [(1.0 - level) / 2.0, (1.0 + level) / 2.0], axis=0)
+    return float(np.mean((obs >= lo) & (obs <= hi)))
+
+
+def _mean_abs_difference(sorted_draws: np.ndarray) -> np.ndarray:
+    """E|X − X'| of the empirical distribution of sorted draws (along axis 0), O(n) after sort.
+
+    For sorted x_(1) <= ... <= x_(n): Σ_i Σ_j |x_i − x_j| = 2 Σ_i (2i − n − 1) x_(i).
+    """
+    n = sorted_draws.shape[0]
+    weights = 2.0 * np.arange(1, n + 1) - n - 1.0
+    weights = weights.reshape((n,) + (1,) * (sorted_draws.ndim - 1))
+    return 2.0 * np.sum(weights * sorted_draws, axis=0) / (n * n)
+
+
+def crps_values(predicted, observed) -> np.ndarray:
+    """CRPS of every observation, energy form E|X − y| − ½ E|X − X'| over the draws.
+
+    Computed in O(n log n) for n draws: the draws are sorted once, E|X − X'| comes from the
+    sorted order, and (for shared 1-D draws) E|X − y| from cumulative sums at the insertion
+    point of y, never from the n² pairs.
+
+    Parameters
+    ----------
+    predicted
+        Draws, 1-D (shared) or ``(n_draws, n_observed)``.
+    observed
+        Held-out measurements.
+
+    Returns
+    -------
+    numpy.ndarray
+        One CRPS per observation, in the units of the data.
+    """
+    pred, obs = _as_arrays(predicted, observed)
+    x = np.sort(pred, axis=0)
+    n = x.shape[0]
+    spread = _mean_abs_difference(x)
+    if x.ndim == 1:
+        below = np.searchsorted(x, obs, side="left")  # draws strictly below y
+        cumsum = np.concatenate([[0.0], np.cumsum(x)])
+        sum_below = cumsum[below]
+        sum_above = cumsum[-1] - sum_below
+        abs_error = (obs * below - sum_below + sum_above - obs * (n - below)) / n
+    else:
+        abs_error = np.mean(np.abs(x - obs[None, :]), axis=0)
+    return abs_error - 0.5 * spread
+
+
+def crps(predicted, observed) -> float:
+    """Mean CRPS over the observations (see :func:`crps_values`)."""
+    return float(np.mean(crps_values(predicted, observed)))
+
+
+def quantile_error(predicted, observed, q: float) -> float:
+    """Signed relative error of quantile ``q``: (q̂_pred − q̂_obs) / q̂_obs.
+
+    The predictive quantile is taken over all draws (the mixture when ``predicted`` is 2-D);
+    both quantiles use linear interpolation (``numpy.quantile``). Positive = forecast slower.
+    """
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"q must lie in (0, 1), got {q}")
+    pred, obs = _as_arrays(predicted, observed)
+    q_obs = float(np.quantile(obs, q))
+    if q_obs == 0.0:
+        raise ValueError(f"the observed {q}-quantile is 0: a relative error is undefined")
+    return (float(np.quantile(pred, q)) - q_obs) / q_obs
+
+
+def pit_values(predicted, observed) -> np.ndarray:
+    """Probability integral transform F̂(y) of each observation under its predictive draws.
+
+    F̂(y) = (#{x < y} + ½ #{x = y}) / n, so a point forecast equal to y gives ½. Uniform on
+    [0, 1] when the forecast is calibrated.
+    """
+    pred, obs = _as_arrays(predicted, observed)
+    if pred.ndim == 1:
+        x = np.sort(pred)
+        below = np.searchsorted(x, obs, side="left")
+        at_most = np.searchsorted(x, obs, side="right")
+        return (below + 0.5 * (at_most - below)) / x.size
+    below = np.sum(pred < obs[None, :], axis=0)
+    equal = np.sum(pred == obs[None, :], axis=0)
+    return (below + 0.5 * equal) / pred.shape[0]
+
+
+def score(predicted, observed) -> dict[str, float]:
+    """All scores of :data:`METRICS` for one predictive distribution and its observations.
+
+    Returns
+    -------
+    dict
+        ``{"ks", "coverage_50", "coverage_90", "crps", "p50_error", "p95_error"}`` as floats
+        (definitions in this module's docstring).
+    """
+    pred, obs = _as_arrays(predicted, observed)
+    return {
+        "ks": ks_distance(pred, obs),
+        "coverage_50": interval_coverage(pred, obs, 0.5),
+        "coverage_90": interval_coverage(pred, obs, 0.9),
+        "crps": crps(pred, obs),
+        "p50_error": quantile_error(pred, obs, 0.5),
+        "p95_error": quantile_error(pred, obs, 0.95),
+    }
+
+
+def mixture_draws(
+    groups: Sequence[tuple[np.ndarray, np.ndarray]], rng: np.random.Generator, size: int = 20_000
+) -> np.ndarray:
+    """Draws of the mixture of several predictive distributions, weighted by their observations.
+
+    Group g (``(draws_g, observed_g)``) gets ``size · n_g / N`` draws, resampled from its own
+    draws, so the mixture is the predictive distribution of an observation picked at random.
+    """
+    counts = np.array([np.size(obs) for _, obs in groups], dtype=float)
+    take = np.maximum(1, np.round(size * counts / counts.sum())).astype(int)
+    parts = [
+        rng.choice(np.asarray(pred, dtype=float).reshape(-1), n, replace=True)
+        for (pred, _), n in zip(groups, take, strict=True)
+    ]
+    return np.concatenate(parts)
+
+
+def score_groups(
+    groups: Sequence[tuple[np.ndarray, np.ndarray]], rng: np.random.Generator
+) -> dict[str, float]:
+    """:func:`score` for observations in groups, each with its own predictive draws.
+
+    Coverage and CRPS are computed per observation against its own group's draws and averaged
+    over all observations; KS distance and quantile errors compare all observations with the
+    mixture of the groups' predictive distributions (:func:`mixture_draws`).
+
+    Parameters
+    ----------
+    groups
+        ``(draws, observed)`` pairs; ``draws`` 1-D (shared by the group's observations).
+    rng
+        Used to resample the mixture.
+    """
+    if not groups:
+        raise ValueError("need at least one group of observations")
+    observed = np.concatenate([np.asarray(obs, dtype=float).reshape(-1) for _, obs in groups])
+    n = observed.size
+    result = {}
+    for level, key in ((0.5, "coverage_50"), (0.9, "coverage_90")):
+        result[key] = sum(interval_coverage(p, o, level) * np.size(o) for p, o in groups) / n
+    result["crps"] = float(np.concatenate([crps_values(p, o) for p, o in groups]).mean())
+    mixture = mixture_draws(groups, rng)
+    result["ks"] = ks_distance(mixture, observed)
+    result["p50_error"] = quantile_error(mixture, observed, 0.5)
+    result["p95_error"] = quantile_error(mixture, observed, 0.95)
+    return {key: float(result[key]) for key in METRICS}
+
+
+def pit_groups(groups: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """PIT values of every observation under its own group's draws (see :func:`pit_values`)."""
+    return np.concatenate([pit_values(p, o) for p, o in groups])

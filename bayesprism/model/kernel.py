@@ -1,0 +1,664 @@
+"""Kernel-level hierarchical model (DESIGN §5, docs/artifacts.md "model_kind == kernel").
+
+Log duration (µs) of one launch of kernel k (class c) on GPU g of node n at step s::
+
+    log d = a_k + λn_c·u_n + λg_c·v_g + λs_c·w_s + λgs_c·z_(g,s) + σ_c·ε
+
+Fitting choices (measured, see the benchmark and tests):
+
+* Gaussian residual (``likelihood = "lognormal"``): the likelihood is evaluated exactly from
+  cell statistics (kernel × GPU × step: n, mean, SS). It is further collapsed: everything but
+  the kernel baselines depends only on (class, GPU-step) blocks, so per cell only one
+  gather/scatter of a_k remains, the SS terms sum per class, and the transient GPU×step effects
+  z_(g,s) (one per GPU-step, shared by all its kernels) are integrated out in closed form
+  (rank-one Gaussian update per GPU-step). Cost grows with cells, parameters do not grow with
+  GPU-steps. The result equals the row likelihood exactly (test_kernel_model).
+* Student-t residual: no sufficient statistics exist, so rows are used and z_(g,s) is sampled.
+* Unit effects (node, gpu, step, cabinet): the likelihood sees them centred within their group
+  (nodes and cabinets globally, GPUs within node, steps within run), so the location direction
+  is prior-only and never forms a ridge with the kernel baselines. A level whose units carry
+  many launches is sampled *centred* (log-scale offsets of a reference class with population
+  scale ``{level}_scale_ref``, other classes by loading ratios); a sparse level non-centred
+  (standardised effects, per-class loadings). ``parameterisation = "auto"`` chooses per level.
+* Node and cabinet effects are reported uncentred with ``kernel_log_median`` shifted to match
+  (a_k = free baseline − λ_c·mean(u)), so the population-location uncertainty stays in a_k;
+  GPU and step effects are reported centred within node / run (like a zero-sum effect).
+* Collectives with ``transfer_us``: ring cost model (``bayesprism.collectives``) per
+  collective and tier, lognormal noise, per-step congestion integrated out like z_(g,s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from bayesprism import collectives as coll
+from bayesprism.errors import InputError, Problem
+from bayesprism.model import PreparedData
+from bayesprism.model.cells import aggregate_cells
+from bayesprism.spec import ModelSpec
+
+REQUIRED = ("run", "step", "node", "gpu", "kernel", "kernel_class", "duration_us")
+UNIT_LEVELS = ("cabinet", "node", "gpu", "step")
+#: Largest table the row-level (Student-t) likelihood accepts.
+MAX_ROWS_STUDENT_T = 2_000_000
+
+
+# ----------------------------------------------------------------------------- preparation
+def _categorical(series: pd.Series) -> tuple[np.ndarray, list[str]]:
+    """Integer codes and string labels of a column (NaN → code -1)."""
+    cat = series if isinstance(series.dtype, pd.CategoricalDtype) else series.astype("category")
+    return cat.cat.codes.to_numpy().astype(np.int64), [str(c) for c in cat.cat.categories]
+
+
+def _global_codes(parts: list[tuple[np.ndarray, list[str]]]) -> tuple[list[np.ndarray], list[str]]:
+    """Re-code per-table categorical codes onto the sorted union of their labels."""
+    labels = sorted({lab for _, labs in parts for lab in labs})
+    index = {lab: i for i, lab in enumerate(labels)}
+    out = []
+    for codes, labs in parts:
+        lookup = np.array([index[lab] for lab in labs] + [-1], dtype=np.int64)
+        out.append(lookup[codes])  # code -1 picks the trailing -1
+    return out, labels
+
+
+def _source(table: pd.DataFrame, i: int) -> str:
+    return str(table.attrs.get("source", f"table {i}"))
+
+
+def _check_tables(tables: Sequence[pd.DataFrame]) -> None:
+    problems: list[Problem] = []
+    if not tables:
+        raise InputError(Problem("tables", "", "no table given"))
+    for i, t in enumerate(tables):
+        src = _source(t, i) if isinstance(t, pd.DataFrame) else f"table {i}"
+        if not isinstance(t, pd.DataFrame):
+            problems.append(Problem(src, "", "is not a pandas DataFrame",
+                                    example=type(t).__name__))
+            continue
+        missing = [c for c in REQUIRED if c not in t.columns]
+        if missing:
+            problems.append(Problem(src, ", ".join(missing), "required column(s) missing"))
+            continue
+        d = pd.to_numeric(t["duration_us"], errors="coerce").to_numpy(dtype=float)
+        bad = ~(np.isfinite(d) & (d > 0))
+        if bad.any():
+            problems.append(Problem(src, "duration_us", "must be a finite number > 0",
+                                    int(bad.sum()), t["duration_us"].to_numpy()[bad][0]))
+        step_rows = (t["kernel_class"].astype(str) == "step").to_numpy()
+        if step_rows.any():
+            problems.append(Problem(
+                src, "kernel_class",
+                "step-level rows belong to the step model: fit them with --model step "
+                "(ModelSpec.load('step'))", int(step_rows.sum()), "step"))
+    if problems:
+        raise InputError(problems)
+
+
+def _gpus_per_node(table: pd.DataFrame, run_codes: np.ndarray, run_labels: list[str],
+                   gpu: np.ndarray) -> np.ndarray:
+    """GPUs per node of each row's run: from run metadata, else the largest local index + 1."""
+    runs_meta = table.attrs.get("runs", {}) if isinstance(table.attrs, dict) else {}
+    per_run = np.zeros(len(run_labels) + 1, dtype=float)
+    for r, label in enumerate(run_labels):
+        meta = runs_meta.get(label, {}) if isinstance(runs_meta, dict) else {}
+        value = meta.get("gpus_per_node") if isinstance(meta, dict) else None
+        if value:
+            per_run[r] = float(value)
+        else:
+            mask = run_codes == r
+            per_run[r] = float(gpu[mask].max() + 1) if mask.any() else 1.0
+    return per_run[run_codes]
+
+
+def _collective_rows(t: pd.DataFrame, classes: np.ndarray, class_labels: list[str]):
+    """Mask of rows usable by the cost model and the tier of every row (0 intra, 1 inter)."""
+    n = len(t)
+    is_coll = np.isin(np.asarray([*class_labels, ""], dtype=object)[classes],
+                      coll.COLLECTIVE_CLASSES)
+    if not {"transfer_us", "bytes", "group_size"} <= set(t.columns):
+        return is_coll, np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64)
+    transfer = pd.to_numeric(t["transfer_us"], errors="coerce").to_numpy(dtype=float)
+    nbytes = pd.to_numeric(t["bytes"], errors="coerce").to_numpy(dtype=float)
+    group = pd.to_numeric(t["group_size"], errors="coerce").to_numpy(dtype=float)
+    usable = (is_coll & np.isfinite(transfer) & (transfer > 0) & np.isfinite(nbytes)
+              & (nbytes > 0) & np.isfinite(group) & (group >= 2))
+    run_codes, run_labels = _categorical(t["run"])
+    gpu = t["gpu"].to_numpy(dtype=np.int64)
+    per_node = _gpus_per_node(t, run_codes, run_labels, gpu)
+    tier = (np.nan_to_num(group, nan=1.0) > per_node).astype(np.int64)
+    if "process_group" in t.columns and usable.any():
+        # A process group whose rows in this table come from several nodes spans nodes.
+        spans = (
+            t.loc[usable, ["run", "process_group", "node"]]
+            .astype(str)
+            .groupby(["run", "process_group"])["node"]
+            .transform("nunique")
+            .to_numpy()
+        )
+        tier[usable] = np.maximum(tier[usable], (spans > 1).astype(np.int64))
+    return is_coll, usable, tier
+
+
+def _factorize(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    codes, uniques = pd.factorize(key, sort=True)
+    return codes.astype(np.int64), np.asarray(uniques)
+
+
+def prepare_kernel(
+    tables: Sequence[pd.DataFrame], spec: ModelSpec, keep_rows: bool = False
+) -> PreparedData:
+    """Prepare trace tables (one or several sources) for the kernel-level model.
+
+    ``keep_rows`` also keeps per-launch arrays, for the row-level likelihood
+    (``build_kernel(..., rows=True)``; always kept for the Student-t residual).
+
+    Raises
+    ------
+    InputError
+        Missing columns, bad durations, step-level rows, kernels with two classes, no usable
+        rows, or (with the ``gpustep`` level) one launch per cell everywhere.
+    """
+    _check_tables(tables)
+    notes: list[str] = []
+    skipped: dict[str, int] = {}
+    ring = spec.collective_model == "ring"
+
+    # Per-table columns as integer codes on global label sets.
+    parts = {c: [] for c in ("run", "node", "kernel", "kernel_class")}
+    for t in tables:
+        for c in parts:
+            parts[c].append(_categorical(t[c]))
+    glob = {c: _global_codes(parts[c]) for c in parts}
+    class_labels_all = glob["kernel_class"][1]
+
+    coll_usable, coll_tier, is_coll = [], [], []
+    for i, t in enumerate(tables):
+        ic, usable, tier = _collective_rows(t, glob["kernel_class"][0][i], class_labels_all)
+        is_coll.append(ic)
+        coll_usable.append(usable if ring else np.zeros(len(t), dtype=bool))
+        coll_tier.append(tier)
+    cls_all = np.concatenate(glob["kernel_class"][0])
+    usable_all = np.concatenate(coll_usable)
+    modelled = sorted({class_labels_all[c] for c in np.unique(cls_all[usable_all])})
+    in_modelled_class = np.isin(cls_all, [class_labels_all.index(c) for c in modelled])
+    unusable = in_modelled_class & ~usable_all
+    if unusable.any():
+        skipped["collective rows of a modelled class without transfer_us/bytes/group_size"] = (
+            int(unusable.sum()))
+    kernel_rows = ~in_modelled_class
+    fallback = sorted({class_labels_all[c] for c in np.unique(cls_all[kernel_rows])}
+                      & set(coll.COLLECTIVE_CLASSES))
+    if fallback:
+        notes.append("collective classes without usable transfer_us fitted as kernels on "
+                     "duration_us: " + ", ".join(fallback))
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate(glob[name][0])
+
+    run_all, node_all, kern_all = cat("run"), cat("node"), cat("kernel")
+    gpu_all = np.concatenate([t["gpu"].to_numpy(dtype=np.int64) for t in tables])
+    step_all = np.concatenate([t["step"].to_numpy(dtype=np.int64) for t in tables])
+    y_all = np.log(np.concatenate([t["duration_us"].to_numpy(dtype=float) for t in tables]))
+
+    coords: dict[str, list] = {}
+    data: dict[str, np.ndarray] = {}
+    attrs: dict = {"model_kind": "kernel", "likelihood": spec.likelihood}
+    summary: dict = {"rows": int(y_all.size), "kernel_rows": int(kernel_rows.sum())}
+
+    if kernel_rows.any():
+        _prepare_kernel_part(
+            spec, kernel_rows, run_all, node_all, kern_all, cls_all, gpu_all, step_all, y_all,
+            glob, tables, coords, data, attrs, summary, notes, keep_rows,
+        )
+    if modelled:
+        transfer = np.log(np.concatenate([
+            pd.to_numeric(t["transfer_us"], errors="coerce").to_numpy(dtype=float)
+            if "transfer_us" in t.columns else np.full(len(t), np.nan) for t in tables
+        ]))
+        _prepare_collectives(
+            tables, usable_all, np.concatenate(coll_tier), cls_all, class_labels_all, modelled,
+            run_all, step_all, transfer, glob, coords, data, summary,
+        )
+    attrs["collective_model"] = modelled
+    if not kernel_rows.any() and not modelled:
+        raise InputError(Problem("tables", "", "no usable rows to fit"))
+    attrs["notes"] = notes
+    attrs["skipped"] = skipped
+    return PreparedData(coords=coords, data=data, attrs=attrs, summary=summary)
+
+
+def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_all, step_all,
+                         y_all, glob, tables, coords, data, attrs, summary, notes,
+                         keep_rows) -> None:
+    run, node, kern, cls = run_all[rows], node_all[rows], kern_all[rows], cls_all[rows]
+    gpu, step, y = gpu_all[rows], step_all[rows], y_all[rows]
+    node_labels, run_labels = glob["node"][1], glob["run"][1]
+
+    # Kernels and their classes (a kernel name must have one class).
+    kernel_codes, kernel_ids = _factorize(kern)
+    class_codes, class_ids = _factorize(cls)
+    pair = np.unique(kernel_codes * len(class_ids) + class_codes)
+    per_kernel = np.bincount(pair // len(class_ids), minlength=len(kernel_ids))
+    if (per_kernel > 1).any():
+        k = int(np.flatnonzero(per_kernel > 1)[0])
+        raise InputError(Problem("tables", "kernel_class", "a kernel appears with two classes",
+                                 int((per_kernel > 1).sum()), glob["kernel"][1][kernel_ids[k]]))
+    kernel_class = np.zeros(len(kernel_ids), dtype=np.int64)
+    kernel_class[pair // len(class_ids)] = pair % len(class_ids)
+    class_labels = [glob["kernel_class"][1][c] for c in class_ids]
+
+    # Units: GPU = (node, local gpu), step = (run, step), GPU-step = (GPU, step).
+    gpu_codes, gpu_keys = _factorize(node * (int(gpu.max()) + 1) + gpu)
+    gpu_node = gpu_keys // (int(gpu.max()) + 1)
+    gpu_local = gpu_keys % (int(gpu.max()) + 1)
+    step_codes, step_keys = _factorize(run * (int(step.max()) + 1) + step)
+    step_run = step_keys // (int(step.max()) + 1)
+    step_local = step_keys % (int(step.max()) + 1)
+    gs_codes, gs_keys = _factorize(gpu_codes * len(step_keys) + step_codes)
+    gs_gpu, gs_step = gs_keys // len(step_keys), gs_keys % len(step_keys)
+    node_ids, node_of_gpu = np.unique(gpu_node, return_inverse=True)
+
+    cells = aggregate_cells({"kernel": kernel_codes, "gs": gs_codes},
+                            {"kernel": len(kernel_ids), "gs": len(gs_keys)}, y)
+    n_cells = len(cells)
+    if "gpustep" in spec.levels and (cells.n == 1).all():
+        raise InputError(Problem(
+            "tables", "kernel",
+            "every kernel × GPU × step cell has a single launch, so the residual cannot be "
+            "separated from GPU×step effects; use the 'benchmark' spec or drop the gpustep level",
+            n_cells))
+
+    # Which unit levels can be fitted (at least two units to compare).
+    unit_of_gs: dict[str, np.ndarray] = {}
+    units: dict[str, list[str]] = {}
+    group_of_unit: dict[str, np.ndarray] = {}
+    fitted: list[str] = []
+    for level in spec.levels:
+        if level == "node":
+            if len(node_ids) < 2:
+                notes.append("node level dropped: fewer than 2 nodes")
+                continue
+            units[level] = [node_labels[i] for i in node_ids]
+            unit_of_gs[level] = node_of_gpu[gs_gpu]
+            group_of_unit[level] = np.zeros(len(node_ids), dtype=np.int64)
+        elif level == "gpu":
+            per_node = np.bincount(node_of_gpu)
+            if (per_node < 2).all():
+                notes.append("gpu level dropped: no node with 2 or more GPUs")
+                continue
+            units[level] = [f"{node_labels[n]}/{g}" for n, g in zip(gpu_node, gpu_local,
+                                                                     strict=True)]
+            unit_of_gs[level] = gs_gpu
+            group_of_unit[level] = node_of_gpu
+        elif level == "step":
+            if (np.bincount(step_run) < 2).all():
+                notes.append("step level dropped: no run with 2 or more steps")
+                continue
+            units[level] = [f"{run_labels[r]}/{s}" for r, s in zip(step_run, step_local,
+                                                                     strict=True)]
+            unit_of_gs[level] = gs_step
+            group_of_unit[level] = np.unique(step_run, return_inverse=True)[1]
+        elif level == "cabinet":
+            cab = _cabinet_of_node(tables, node_ids, node_labels, notes)
+            if cab is None:
+                continue
+            cab_codes, cab_labels = cab
+            units[level] = cab_labels
+            unit_of_gs[level] = cab_codes[node_of_gpu[gs_gpu]]
+            group_of_unit[level] = np.zeros(len(cab_labels), dtype=np.int64)
+        elif level == "gpustep" and len(gs_keys) < 2:
+            notes.append("gpustep level dropped: a single GPU-step")
+            continue
+        fitted.append(level)
+
+    param: dict[str, str] = {}
+    for level in units:
+        density = y.size / len(units[level])
+        if spec.parameterisation == "auto":
+            param[level] = "centred" if density >= spec.dense_launches else "noncentred"
+        else:
+            param[level] = spec.parameterisation
+    launches_per_class = np.bincount(class_codes, minlength=len(class_ids))
+
+    # Collapsed statistics (see module docstring).
+    C = len(class_ids)
+    kernel_n = np.bincount(cells.codes["kernel"], weights=cells.n, minlength=len(kernel_ids))
+    kernel_mean = np.bincount(cells.codes["kernel"], weights=cells.n * cells.mean,
+                              minlength=len(kernel_ids)) / kernel_n
+    cell_dev = cells.mean - kernel_mean[cells.codes["kernel"]]
+    cell_class = kernel_class[cells.codes["kernel"]]
+    block = cells.codes["gs"] * C + cell_class
+    block_n = np.bincount(block, weights=cells.n, minlength=len(gs_keys) * C).reshape(-1, C)
+    block_dev = np.bincount(block, weights=cells.n * cell_dev,
+                            minlength=len(gs_keys) * C).reshape(-1, C)
+    class_q = np.bincount(cell_class, weights=cells.ss + cells.n * cell_dev**2, minlength=C)
+    class_n = np.bincount(cell_class, weights=cells.n, minlength=C)
+
+    coords["kernel"] = [glob["kernel"][1][k] for k in kernel_ids]
+    coords["kernel_class"] = class_labels
+    coords["cell"] = list(range(n_cells))
+    coords["gpustep"] = list(range(len(gs_keys)))
+    for level, labels in units.items():
+        coords[{"gpu": "gpu_unit", "step": "step_unit"}.get(level, level)] = labels
+    data.update({
+        "kernel_class_of_kernel": kernel_class, "kernel_n": kernel_n, "kernel_mean": kernel_mean,
+        "cell_kernel": cells.codes["kernel"], "cell_gpustep": cells.codes["gs"],
+        "cell_n": cells.n, "cell_mean": cells.mean, "cell_ss": cells.ss,
+        "cell_dev": cell_dev, "block_n": block_n, "block_dev": block_dev,
+        "class_q": class_q, "class_n": class_n, "launches_per_class": launches_per_class,
+    })
+    for level in units:
+        data[f"{level}_of_gpustep"] = unit_of_gs[level]
+        data[f"{level}_group"] = group_of_unit[level]
+    if spec.likelihood == "student_t" or keep_rows:
+        if spec.likelihood == "student_t" and y.size > MAX_ROWS_STUDENT_T:
+            raise InputError(Problem(
+                "tables", "duration_us",
+                f"the student_t residual is fitted on rows and accepts at most "
+                f"{MAX_ROWS_STUDENT_T} launches; use the default (lognormal) spec", int(y.size)))
+        coords["row"] = list(range(y.size))
+        data.update({"row_kernel": kernel_codes, "row_gpustep": gs_codes, "row_log_duration": y})
+
+    attrs["levels"] = fitted
+    attrs["parameterisation"] = param
+    attrs["gpustep"] = ("marginalised" if spec.likelihood == "lognormal" else "sampled"
+                        ) if "gpustep" in fitted else "absent"
+    for level in ("node", "gpu"):
+        if level in units:
+            attrs[f"{level}_population"] = spec.population(level)
+    summary.update({
+        "cells": n_cells, "kernels": len(kernel_ids), "kernel_classes": C,
+        "nodes": len(node_ids), "gpus": len(gpu_keys), "steps": len(step_keys),
+        "gpusteps": len(gs_keys), "single_launch_cells": int((cells.n == 1).sum()),
+    })
+
+
+def _cabinet_of_node(tables, node_ids, node_labels, notes):
+    """Cabinet code of every node, or None (with a note) when the level cannot be fitted."""
+    pairs = []
+    for t in tables:
+        if "cabinet" not in t.columns:
+            continue
+        sub = t[["node", "cabinet"]].dropna().astype(str).drop_duplicates()
+        pairs.append(sub)
+    if not pairs:
+        notes.append("cabinet level dropped: no table has a cabinet column")
+        return None
+    mapping = pd.concat(pairs).drop_duplicates()
+    if mapping["node"].duplicated().any():
+        bad = mapping.loc[mapping["node"].duplicated(), "node"].iloc[0]
+        raise InputError(Problem("tables", "cabinet", "a node appears in two cabinets",
+                                 example=bad))
+    lookup = dict(zip(mapping["node"], mapping["cabinet"], strict=True))
+    names = [node_labels[i] for i in node_ids]
+    missing = [n for n in names if n not in lookup]
+    if missing:
+        notes.append(f"cabinet level dropped: {len(missing)} node(s) without a cabinet, "
+                     f"e.g. {missing[0]!r}")
+        return None
+    cab_labels = sorted(set(lookup[n] for n in names))
+    if len(cab_labels) < 2:
+        notes.append("cabinet level dropped: fewer than 2 cabinets")
+        return None
+    idx = {c: i for i, c in enumerate(cab_labels)}
+    return np.array([idx[lookup[n]] for n in names], dtype=np.int64), cab_labels
+
+
+def _prepare_collectives(tables, usable, tier, cls_all, class_labels_all, modelled, run_all,
+                         step_all, log_transfer, glob, coords, data, summary) -> None:
+    idx = np.flatnonzero(usable)
+    nbytes = np.concatenate([
+        pd.to_numeric(t["bytes"], errors="coerce").to_numpy(dtype=float)
+        if "bytes" in t.columns else np.full(len(t), np.nan) for t in tables])[idx]
+    group = np.concatenate([
+        pd.to_numeric(t["group_size"], errors="coerce").to_numpy(dtype=float)
+        if "group_size" in t.columns else np.full(len(t), np.nan) for t in tables])[idx]
+    coll_index = {class_labels_all.index(c): j for j, c in enumerate(modelled)}
+    j = np.array([coll_index[c] for c in cls_all[idx]], dtype=np.int64)
+    p_codes, p_vals = _factorize(group)
+    b_codes, b_vals = _factorize(nbytes)
+    s_codes, s_keys = _factorize(run_all[idx] * (int(step_all[idx].max()) + 1) + step_all[idx])
+    cells = aggregate_cells(
+        {"coll": j, "tier": tier[idx], "p": p_codes, "b": b_codes, "s": s_codes},
+        {"coll": len(modelled), "tier": 2, "p": len(p_vals), "b": len(b_vals), "s": len(s_keys)},
+        log_transfer[idx],
+    )
+    cj = cells.codes["coll"]
+    p = p_vals[cells.codes["p"]]
+    lat_steps = np.empty(len(cells))
+    bw_factor = np.empty(len(cells))
+    for k, name in enumerate(modelled):
+        m = cj == k
+        lat_steps[m] = coll.latency_steps(name, p[m])
+        bw_factor[m] = coll.bandwidth_factor(name, p[m])
+    congestion_group, _ = _factorize(cj * len(s_keys) + cells.codes["s"])
+    coords["collective"] = list(modelled)
+    coords["tier"] = list(coll.TIERS)
+    coords["coll_cell"] = list(range(len(cells)))
+    observed_tiers = np.zeros((len(modelled), 2), dtype=bool)
+    observed_tiers[cj, cells.codes["tier"]] = True
+    data.update({
+        "coll_cell_collective": cj, "coll_cell_tier": cells.codes["tier"],
+        "coll_cell_latency_steps": lat_steps,
+        "coll_cell_bytes_factor": b_vals[cells.codes["b"]] * bw_factor,
+        "coll_cell_group": congestion_group, "coll_cell_n": cells.n,
+        "coll_cell_mean": cells.mean, "coll_cell_ss": cells.ss,
+        "coll_observed_tiers": observed_tiers,
+    })
+    summary.update({"collective_rows": int(idx.size), "collective_cells": len(cells)})
+
+
+# ----------------------------------------------------------------------------- model
+def build_kernel(prepared: PreparedData, spec: ModelSpec, rows: bool = False):
+    """Build the kernel-level PyMC model from :func:`prepare_kernel` output.
+
+    ``rows=True`` writes the Gaussian likelihood per launch with the GPU×step effects sampled
+    (the reference the collapsed cell likelihood is checked and benchmarked against; needs
+    ``prepare_kernel(..., keep_rows=True)``). The Student-t residual always uses rows.
+    """
+    import pymc as pm
+
+    if (rows or spec.likelihood == "student_t") and "row" not in prepared.coords:
+        raise ValueError("row-level likelihood needs prepare_kernel(..., keep_rows=True)")
+    with pm.Model(coords=prepared.coords) as model:
+        if "kernel" in prepared.coords:
+            _kernel_part(prepared, spec, rows)
+        if "collective" in prepared.coords:
+            _collective_part(prepared, spec)
+    return model
+
+
+def _segment_sum(values, index: np.ndarray, size: int):
+    import pytensor.tensor as pt
+
+    return pt.inc_subtensor(pt.zeros(size)[index], values)
+
+
+def _population_rv(name: str, family: str, level: str, scale, dims: str, spec: ModelSpec):
+    """Unit effects drawn from a level's population at the given scale."""
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    if family == "normal":
+        return pm.Normal(name, 0.0, scale, dims=dims)
+    if family == "student_t":
+        nu_excess = pm.Gamma(f"{level}_nu_minus_one", 2.0, spec.prior("nu_rate"))
+        # ν > 1 keeps the population mean finite, which forecasts of sums rely on.
+        nu = pm.Deterministic(f"{level}_nu", 1.0 + nu_excess)
+        return pm.StudentT(name, nu=nu, mu=0.0, sigma=scale, dims=dims)
+    weight = pm.Beta(f"{level}_slow_weight", 1.0, spec.prior("slow_weight_beta"))
+    shift = pm.HalfNormal(f"{level}_slow_shift", spec.prior("slow_shift_scale"))
+    return pm.NormalMixture(
+        name,
+        w=pt.stack([1.0 - weight, weight]),
+        mu=pt.stack([pt.zeros(()), shift * scale]),
+        sigma=pt.stack([scale, scale]) * pt.ones(2),
+        dims=dims,
+    )
+
+
+def _unit_level(level: str, prepared: PreparedData, spec: ModelSpec):
+    """Loadings (per class) and standardised effects (per unit) of one level."""
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    dim = {"gpu": "gpu_unit", "step": "step_unit"}.get(level, level)
+    family = spec.population(level)
+    n_classes = len(prepared.coords["kernel_class"])
+    if prepared.attrs["parameterisation"][level] == "noncentred":
+        loading = pm.HalfNormal(f"{level}_scale", spec.prior("level_scale"), dims="kernel_class")
+        effect = _population_rv(f"{level}_effect", family, level, 1.0, dim, spec)
+        return loading, effect
+    # Centred: offsets on the log scale of the class with the most launches (the reference).
+    ref = int(np.argmax(prepared.data["launches_per_class"]))
+    scale_ref = pm.HalfNormal(f"{level}_scale_ref", spec.prior("level_scale"))
+    offset = _population_rv(f"{level}_offset", family, level, scale_ref, dim, spec)
+    ratio = pt.ones(n_classes)
+    if n_classes > 1:
+        others = [c for c in range(n_classes) if c != ref]
+        rdim = f"{level}_ratio_class"
+        pm.modelcontext(None).add_coord(rdim, [prepared.coords["kernel_class"][c] for c in others])
+        ratio_free = pm.LogNormal(f"{level}_loading_ratio", 0.0, 1.0, dims=rdim)
+        ratio = pt.set_subtensor(ratio[np.array(others)], ratio_free)
+    loading = pm.Deterministic(f"{level}_scale", scale_ref * ratio, dims="kernel_class")
+    effect = pm.Deterministic(f"{level}_effect", offset / scale_ref, dims=dim)
+    return loading, effect
+
+
+def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    d = prepared.data
+    attrs = prepared.attrs
+    cls = d["kernel_class_of_kernel"]
+    n_classes = len(prepared.coords["kernel_class"])
+    n_gs = len(prepared.coords["gpustep"])
+
+    # Cell statistics as fitted, for the constant_data group.
+    pm.Data("cell_kernel", d["cell_kernel"], dims="cell")
+    pm.Data("cell_gpustep", d["cell_gpustep"], dims="cell")
+    pm.Data("cell_n", d["cell_n"], dims="cell")
+    pm.Data("cell_mean_log", d["cell_mean"], dims="cell")
+    pm.Data("cell_ss_log", d["cell_ss"], dims="cell")
+
+    loc = float(np.median(d["kernel_mean"]))
+    class_mean = pm.Normal("kernel_class_mean", loc, spec.prior("kernel_log_median_sd"),
+                           dims="kernel_class")
+    class_sd = pm.HalfNormal("kernel_class_sd", spec.prior("kernel_class_sd"), dims="kernel_class")
+    # Every kernel has many launches: its baseline is data-dominated, hence centred.
+    a_free = pm.Normal("kernel_log_median_free", class_mean[cls], class_sd[cls], dims="kernel")
+    resid = pm.HalfNormal("resid_scale", spec.prior("resid_scale"), dims="kernel_class")
+
+    beta = pt.zeros((n_gs, n_classes))
+    shift = pt.zeros(len(cls))
+    for level in attrs["levels"]:
+        if level == "gpustep":
+            continue
+        loading, effect = _unit_level(level, prepared, spec)
+        group = d[f"{level}_group"]
+        n_groups = int(group.max()) + 1
+        group_mean = (_segment_sum(effect, group, n_groups)
+                      / np.bincount(group, minlength=n_groups))[group]
+        centred = effect - group_mean
+        beta = beta + centred[d[f"{level}_of_gpustep"]][:, None] * loading[None, :]
+        if level in ("node", "cabinet"):
+            shift = shift + loading[cls] * pt.mean(effect)
+    pm.Deterministic("kernel_log_median", a_free - shift, dims="kernel")
+    gpustep = None
+    if "gpustep" in attrs["levels"]:
+        gpustep = pm.HalfNormal("gpustep_scale", spec.prior("level_scale"), dims="kernel_class")
+
+    if rows or spec.likelihood == "student_t":
+        _row_likelihood(prepared, spec, a_free, beta, resid, gpustep)
+        return
+    # Exact collapsed Gaussian likelihood (module docstring).
+    delta = d["kernel_mean"] - a_free
+    flat_block = d["cell_gpustep"] * n_classes + cls[d["cell_kernel"]]
+    r0 = d["block_dev"] + _segment_sum(
+        d["cell_n"] * delta[d["cell_kernel"]], flat_block, n_gs * n_classes
+    ).reshape((n_gs, n_classes))
+    block_n = d["block_n"]
+    quad = (
+        d["class_q"]
+        + _segment_sum(d["kernel_n"] * delta**2, cls, n_classes)
+        - 2.0 * pt.sum(beta * r0, axis=0)
+        + pt.sum(block_n * beta**2, axis=0)
+    )
+    var = resid**2
+    logp = pt.sum(-d["class_n"] * pt.log(resid) - quad / (2.0 * var))
+    logp = logp - 0.5 * float(d["class_n"].sum()) * np.log(2.0 * np.pi)
+    if gpustep is not None:
+        resid_block = r0 - block_n * beta
+        a_gs = pt.sum(resid_block * (gpustep / var)[None, :], axis=1)
+        b_gs = pt.sum(block_n * (gpustep**2 / var)[None, :], axis=1)
+        logp = logp + pt.sum(-0.5 * pt.log1p(b_gs) + a_gs**2 / (2.0 * (1.0 + b_gs)))
+    pm.Potential("kernel_loglik", logp)
+
+
+def _row_likelihood(prepared, spec, a_free, beta, resid, gpustep) -> None:
+    import pymc as pm
+
+    d = prepared.data
+    cls = d["kernel_class_of_kernel"]
+    k, gs = d["row_kernel"], d["row_gpustep"]
+    c = cls[k]
+    mu = a_free[k] + beta[gs, c]
+    if gpustep is not None:
+        z = pm.Normal("gpustep_z", 0.0, 1.0, dims="gpustep")
+        mu = mu + gpustep[c] * z[gs]
+    if spec.likelihood == "lognormal":
+        pm.Normal("log_duration", mu=mu, sigma=resid[c], observed=d["row_log_duration"],
+                  dims="row")
+        return
+    nu_excess = pm.Gamma("resid_nu_minus_one", 2.0, spec.prior("nu_rate"), dims="kernel_class")
+    nu = pm.Deterministic("resid_nu", 1.0 + nu_excess, dims="kernel_class")
+    pm.StudentT("log_duration", nu=nu[c], mu=mu, sigma=resid[c],
+                observed=d["row_log_duration"], dims="row")
+
+
+def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    d = prepared.data
+    j, tier = d["coll_cell_collective"], d["coll_cell_tier"]
+    pm.Data("coll_cell_n", d["coll_cell_n"], dims="coll_cell")
+    pm.Data("coll_cell_mean_log", d["coll_cell_mean"], dims="coll_cell")
+    pm.Data("coll_cell_ss_log", d["coll_cell_ss"], dims="coll_cell")
+    sd = spec.prior("coll_log_sd")
+    rsd = spec.prior("tier_ratio_log_sd")
+    # The inter tier is the intra tier times a ratio with a prior: an unobserved tier keeps a
+    # weakly informative prior tied to the observed one.
+    log_lat_intra = pm.Normal("coll_log_latency_intra", np.log(spec.prior("coll_latency_us")),
+                              sd, dims="collective")
+    log_lat_ratio = pm.Normal("coll_log_latency_ratio",
+                              np.log(spec.prior("inter_latency_ratio")), rsd, dims="collective")
+    log_bw_intra = pm.Normal("coll_log_bandwidth_intra",
+                             np.log(spec.prior("coll_bandwidth_gbps")), sd, dims="collective")
+    log_bw_ratio = pm.Normal("coll_log_bandwidth_ratio",
+                             np.log(spec.prior("inter_bandwidth_ratio")), rsd, dims="collective")
+    log_lat = pt.stack([log_lat_intra, log_lat_intra + log_lat_ratio], axis=1)
+    log_bw = pt.stack([log_bw_intra, log_bw_intra + log_bw_ratio], axis=1)
+    latency = pm.Deterministic("coll_latency_us", pt.exp(log_lat), dims=("collective", "tier"))
+    bandwidth = pm.Deterministic("coll_bandwidth_gbps", pt.exp(log_bw),
+                                 dims=("collective", "tier"))
+    noise = pm.HalfNormal("coll_noise", spec.prior("coll_noise"), dims="collective")
+    congestion = pm.HalfNormal("coll_congestion", spec.prior("coll_congestion"),
+                               dims="collective")
+    mu = pt.log(latency[j, tier] * d["coll_cell_latency_steps"]
+                + d["coll_cell_bytes_factor"] / (bandwidth[j, tier] * 1e3))
+    n, mean, ss = d["coll_cell_n"], d["coll_cell_mean"], d["coll_cell_ss"]
+    var = noise[j] ** 2
+    logp = pt.sum(-0.5 * n * np.log(2.0 * np.pi) - n * pt.log(noise[j])
+                  - (ss + n * (mean - mu) ** 2) / (2.0 * var))
+    # Per-step congestion shared by all transfers of a collective in a step, integrated out.
+    group = d["coll_cell_group"]
+    n_groups = int(group.max()) + 1
+    a_g = _segment_sum(congestion[j] * n * (mean - mu) / var, group, n_groups)
+    b_g = _segment_sum(congestion[j] ** 2 * n / var, group, n_groups)
+    logp = logp + pt.sum(-0.5 * pt.log1p(b_g) + a_g**2 / (2.0 * (1.0 + b_g)))
+    pm.Potential("collective_loglik", logp)

@@ -1,0 +1,375 @@
+"""Step-level model for step-time logs of several runs at several scales (MLPerf-style).
+
+Input rows have ``kernel_class == "step"`` (one row per logged optimizer step, ``rank = -1``);
+each run's ``attrs["runs"][run]`` describes its layout: ``world_size`` (or ``gpus``),
+``gpus_per_node``, ``global_batch_size`` and ``plan`` with ``dp``, ``tp``, ``pp``, ``cp``,
+``microbatches`` (gradient-accumulation steps per data-parallel rank) and optionally
+``virtual_stages`` and ``micro_batch_size``.
+
+Model (times in seconds). For run r with m micro-batches, pp pipeline stages, v virtual stages,
+data-parallel size dp and R = world-size ranks:
+
+    c_r      = exp(mb_log_median) * (w_r / w_ref) ** work_exponent     per-micro-batch, per-stage
+    slots_r  = m + bubble_fraction * (pp - 1) / v                      1F1B: bubble (pp-1)/m of compute
+    strag_r  = exp(rank_sigma * E[max of R standard normals])          a slot waits for the slowest rank
+    comm_r   = exp(mb_log_median) * (comm_latency * log2(dp) + comm_bandwidth * 2 (dp-1)/dp)
+    median_r = slots_r * c_r * strag_r + comm_r
+    log y_rs ~ StudentT(step_nu, log median_r + run_effect_r, noise_r)
+    noise_r  = sqrt((rank_sigma**2 * SD[max of R]**2 + slot_noise**2) / slots_r + step_noise**2)
+
+``w_r`` is the work of one micro-batch on one GPU, ``micro_batch_size / (tp * pp * cp)`` (the
+model is the same along a ladder), and ``w_ref`` its median over the runs. Rank-level variability
+is a lognormal per-rank slot time with log-sd ``rank_sigma``; every micro-batch slot waits for
+the slowest of the R ranks, so its log time is shifted by ``rank_sigma`` times the expected
+maximum of R standard normals and spread by ``rank_sigma`` times that maximum's standard
+deviation (both computed exactly by quadrature, :func:`max_normal_moments`). Averaging over the
+``slots_r`` slots of a step divides the slot variance by ``slots_r``; ``step_noise`` is the
+step-level noise that does not average out, and the Student-t likelihood lets the occasional slow
+step through without dragging the medians. ``bubble_fraction`` (≤ 1) is the pipeline bubble
+relative to plain 1F1B: below 1 when the implementation interleaves. Data-parallel gradient
+communication that is not hidden behind compute follows a ring all-reduce cost in dp (latency
+steps ~ log2 dp, bandwidth term 2(dp−1)/dp), expressed in units of a reference slot so the priors
+do not depend on the model size. ``run_effect`` is the run-to-run shift (normal population with
+sd ``run_sd``); a new run draws a fresh one.
+
+Posterior variables: ``mb_log_median``, ``work_exponent``, ``bubble_fraction``, ``rank_sigma``,
+``comm_latency``, ``comm_bandwidth``, ``run_sd``, ``run_effect`` (run), ``slot_noise``,
+``step_noise``, ``step_nu``, and the deterministic ``run_median_s`` (run).
+The first timed step of every run is dropped as warm-up (counted in ``summary["skipped"]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+from scipy import special
+
+from bayesprism.errors import InputError, Problem
+
+#: Per-run layout fields the model needs (``plan`` keys unless noted).
+PLAN_FIELDS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "microbatches", "virtual_stages")
+MIN_STEPS_PER_RUN = 3
+WARMUP_STEPS = 1
+
+
+def _option(spec, name: str, default):
+    """An option of the spec: ``spec.options[name]`` or attribute ``name``, else ``default``."""
+    options = getattr(spec, "options", None)
+    if isinstance(options, dict) and name in options:
+        return options[name]
+    value = getattr(spec, name, None)
+    return default if value is None else value
+
+
+@lru_cache(maxsize=4096)
+def _max_normal_moments_one(n: int) -> tuple[float, float]:
+    if n <= 1:
+        return 0.0, 1.0
+    x = np.linspace(-8.0, 12.0, 40001)
+    log_density = np.log(n) + special.log_ndtr(x) * (n - 1) - 0.5 * x**2 - 0.5 * np.log(2 * np.pi)
+    density = np.exp(log_density)
+    dx = x[1] - x[0]
+    mean = float(np.sum(x * density) * dx)
+    var = float(np.sum((x - mean) ** 2 * density) * dx)
+    return mean, float(np.sqrt(var))
+
+
+def max_normal_moments(n) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation of the maximum of ``n`` iid standard normals.
+
+    Exact up to quadrature error (< 1e-6); ``n = 1`` gives (0, 1).
+
+    Parameters
+    ----------
+    n
+        Number of ranks (scalar or array of positive integers).
+
+    Returns
+    -------
+    (mean, sd)
+        Arrays with the shape of ``n``.
+    """
+    arr = np.asarray(n, dtype=np.int64)
+    flat = arr.reshape(-1)
+    moments = np.array([_max_normal_moments_one(int(k)) for k in flat]).reshape(flat.size, 2)
+    return moments[:, 0].reshape(arr.shape), moments[:, 1].reshape(arr.shape)
+
+
+def run_layout(run: str, meta: dict, source: str = "table") -> tuple[dict, list[Problem]]:
+    """The layout of one run from its ``attrs["runs"][run]`` entry.
+
+    Returns the fields ``world_size, gpus_per_node, dp, tp, pp, cp, microbatches,
+    virtual_stages, micro_batch_size`` and the problems found (missing or impossible values).
+    """
+    problems: list[Problem] = []
+    plan = dict(meta.get("plan") or {})
+    field = f"attrs.runs[{run!r}]"
+
+    def integer(value, name: str):
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            problems.append(Problem(source, f"{field}.{name}", "must be a positive integer",
+                                    example=value))
+            return None
+        if number < 1 or number != float(value):
+            problems.append(Problem(source, f"{field}.{name}", "must be a positive integer",
+                                    example=value))
+            return None
+        return number
+
+    world = meta.get("world_size", meta.get("gpus", plan.get("world_size")))
+    layout: dict = {}
+    for name, default in (("tp", 1), ("pp", 1), ("cp", 1), ("virtual_stages", 1)):
+        layout[name] = integer(plan.get(name, default), f"plan.{name}")
+    if plan.get("microbatches") is None:
+        problems.append(Problem(source, f"{field}.plan.microbatches",
+                                "is missing (gradient-accumulation steps per DP rank)"))
+        layout["microbatches"] = None
+    else:
+        layout["microbatches"] = integer(plan["microbatches"], "plan.microbatches")
+    if world is None and plan.get("dp") is None:
+        problems.append(Problem(source, f"{field}.world_size", "is missing (and plan.dp too)"))
+        return layout, problems
+    model_parallel = (layout["tp"] or 1) * (layout["pp"] or 1) * (layout["cp"] or 1)
+    if world is not None:
+        layout["world_size"] = integer(world, "world_size")
+    if plan.get("dp") is not None:
+        layout["dp"] = integer(plan["dp"], "plan.dp")
+    else:
+        layout["dp"] = (layout.get("world_size") or 0) // model_parallel or None
+    if layout.get("world_size") is None and layout.get("dp"):
+        layout["world_size"] = layout["dp"] * model_parallel
+    if layout.get("dp") and layout.get("world_size") and (
+        layout["dp"] * model_parallel != layout["world_size"]
+    ):
+        problems.append(Problem(source, f"{field}.plan",
+                                f"dp*tp*pp*cp = {layout['dp'] * model_parallel} differs from "
+                                f"world_size {layout['world_size']}",
+                                example=plan))
+    layout["gpus_per_node"] = integer(meta.get("gpus_per_node", plan.get("gpus_per_node", 8)),
+                                      "gpus_per_node")
+    mbs = plan.get("micro_batch_size", meta.get("micro_batch_size"))
+    batch = meta.get("global_batch_size", meta.get("global_batch"))
+    if mbs is None and batch is not None and layout.get("dp") and layout.get("microbatches"):
+        mbs = float(batch) / (layout["dp"] * layout["microbatches"])
+    layout["micro_batch_size"] = float(mbs) if mbs is not None else 1.0
+    layout["micro_batch_size_known"] = mbs is not None
+    return layout, problems
+
+
+def prepare_step(tables: Sequence[pd.DataFrame], spec) -> "PreparedData":  # noqa: F821
+    """Step-time rows of several runs → the arrays :func:`build_step` needs.
+
+    Parameters
+    ----------
+    tables
+        Trace tables whose rows are all ``kernel_class == "step"``; their ``attrs["runs"]``
+        must describe each run's layout (see the module docstring).
+    spec
+        The model spec (``kind == "step"``); options ``warmup_steps`` (default 1).
+
+    Returns
+    -------
+    PreparedData
+        coords ``run`` and ``obs``; data per observation (``run_idx``, ``log_step_time``) and
+        per run (layout, work, max-of-ranks moments); attrs ``model_kind``, ``time_unit``,
+        ``reference_work``, ``run_population``; summary with counts and skipped rows.
+
+    Raises
+    ------
+    InputError
+        Non-step rows, missing run layouts, fewer than 2 runs or too few steps per run.
+    """
+    from bayesprism.model import PreparedData
+
+    warmup = int(_option(spec, "warmup_steps", WARMUP_STEPS))
+    problems: list[Problem] = []
+    frames = []
+    run_meta: dict[str, dict] = {}
+    for i, table in enumerate(tables):
+        source = str(table.attrs.get("source", f"table {i}")) if len(tables) > 1 else "table"
+        if "kernel_class" not in table.columns or "duration_us" not in table.columns:
+            problems.append(Problem(source, "kernel_class, duration_us", "required columns are missing"))
+            continue
+        not_step = (table["kernel_class"].astype(str) != "step").to_numpy()
+        if not_step.any():
+            problems.append(Problem(source, "kernel_class",
+                                    "the step model needs step rows only (kernel_class == 'step')",
+                                    int(not_step.sum()), table["kernel_class"].to_numpy()[not_step][0]))
+            continue
+        frames.append(table[["run", "step", "duration_us"]].assign(
+            run=table["run"].astype(str), _source=source))
+        for run, meta in (table.attrs.get("runs") or {}).items():
+            run_meta[str(run)] = meta
+    if problems:
+        raise InputError(problems)
+    rows = pd.concat(frames, ignore_index=True)
+    runs = sorted(rows["run"].unique().tolist())
+    layouts = {}
+    for run in runs:
+        if run not in run_meta:
+            problems.append(Problem("table", f"attrs.runs[{run!r}]",
+                                    "is missing: the step model needs the run's layout"))
+            continue
+        layouts[run], run_problems = run_layout(run, run_meta[run])
+        problems.extend(run_problems)
+    if problems:
+        raise InputError(problems)
+
+    rows = rows.sort_values(["run", "step"], kind="stable")
+    position = rows.groupby("run").cumcount()
+    warm = position < warmup
+    rows = rows.loc[~warm]
+    counts = rows.groupby("run").size().reindex(runs, fill_value=0)
+    short = counts[counts < MIN_STEPS_PER_RUN]
+    if len(short):
+        problems.append(Problem("table", "step",
+                                f"each run needs at least {MIN_STEPS_PER_RUN} timed steps after "
+                                f"dropping {warmup} warm-up step(s)", len(short),
+                                f"{short.index[0]}: {int(short.iloc[0])} steps"))
+    if len(runs) < 2:
+        problems.append(Problem("table", "run", "the step model needs at least 2 runs", len(runs)))
+    if problems:
+        raise InputError(problems)
+
+    run_index = {run: i for i, run in enumerate(runs)}
+    layout_frame = pd.DataFrame([layouts[r] for r in runs], index=runs)
+    work = layout_frame["micro_batch_size"] / (layout_frame["tp"] * layout_frame["pp"]
+                                               * layout_frame["cp"])
+    reference_work = float(np.median(work))
+    config_cols = ["world_size", "dp", "tp", "pp", "cp", "microbatches", "virtual_stages",
+                   "micro_batch_size"]
+    config_keys = [tuple(row) for row in layout_frame[config_cols].itertuples(index=False)]
+    configs = sorted(set(config_keys))
+    config_labels = [_config_label(dict(zip(config_cols, key))) for key in configs]
+    emax, smax = max_normal_moments(layout_frame["world_size"].to_numpy())
+    log_y = np.log(rows["duration_us"].to_numpy(dtype=float) * 1e-6)
+    slots_guess = layout_frame["microbatches"] + 0.5 * (layout_frame["pp"] - 1)
+    run_median = pd.Series(log_y, index=rows["run"].to_numpy()).groupby(level=0).median()
+    prior_center = float(np.median(run_median.reindex(runs).to_numpy()
+                                   - np.log(slots_guess.to_numpy(dtype=float))))
+
+    data = {
+        "run_idx": rows["run"].map(run_index).to_numpy(dtype=np.int64),
+        "config_idx": np.array([configs.index(k) for k in config_keys], dtype=np.int64),
+        "log_step_time": log_y,
+        "microbatches": layout_frame["microbatches"].to_numpy(dtype=float),
+        "pp": layout_frame["pp"].to_numpy(dtype=float),
+        "virtual_stages": layout_frame["virtual_stages"].to_numpy(dtype=float),
+        "dp": layout_frame["dp"].to_numpy(dtype=float),
+        "world_size": layout_frame["world_size"].to_numpy(dtype=float),
+        "log_relative_work": np.log(work.to_numpy(dtype=float) / reference_work),
+        "max_rank_mean": emax.astype(float),
+        "max_rank_sd": smax.astype(float),
+        "prior_center": np.asarray(prior_center),
+    }
+    unknown_mbs = [r for r in runs if not layouts[r]["micro_batch_size_known"]]
+    notes = [f"dropped the first {warmup} timed step(s) of each run as warm-up"]
+    if unknown_mbs:
+        notes.append(f"micro-batch size unknown for {len(unknown_mbs)} run(s) "
+                     f"(no global batch size): assumed 1, e.g. {unknown_mbs[0]}")
+    summary = {
+        "rows": int(len(rows)),
+        "runs": len(runs),
+        "skipped": {"warm-up step": int(warm.sum())},
+        "notes": notes,
+        "steps_per_run": {r: int(counts[r]) for r in runs},
+    }
+    attrs = {
+        "model_kind": "step",
+        "time_unit": "s",
+        "reference_work": reference_work,
+        "run_population": "normal",
+        "warmup_steps": warmup,
+        "run_layouts": _layouts_json(layout_frame),
+    }
+    coords = {"config": config_labels, "run": runs, "obs": list(range(len(rows)))}
+    return PreparedData(coords=coords, data=data, attrs=attrs, summary=summary)
+
+
+def _config_label(layout: dict) -> str:
+    return (f"gpus{int(layout['world_size'])}-dp{int(layout['dp'])}-tp{int(layout['tp'])}"
+            f"-pp{int(layout['pp'])}-cp{int(layout['cp'])}-m{int(layout['microbatches'])}"
+            f"-v{int(layout['virtual_stages'])}-mbs{layout['micro_batch_size']:g}")
+
+
+def _layouts_json(layout_frame: pd.DataFrame) -> str:
+    import json
+
+    cols = ["world_size", "gpus_per_node", "dp", "tp", "pp", "cp", "microbatches",
+            "virtual_stages", "micro_batch_size"]
+    table = {run: {c: (float(v) if c == "micro_batch_size" else int(v))
+                   for c, v in row.items() if c in cols}
+             for run, row in layout_frame[cols].iterrows()}
+    return json.dumps(table, sort_keys=True)
+
+
+def build_step(prepared, spec):
+    """The PyMC model of :mod:`bayesprism.model.step` for prepared step data.
+
+    Parameters
+    ----------
+    prepared
+        Output of :func:`prepare_step`.
+    spec
+        The model spec; option ``run_effects`` = ``"centered"`` (default) or ``"noncentered"``,
+        ``noise`` = ``"student_t"`` (default) or ``"normal"``.
+
+    Returns
+    -------
+    pymc.Model
+    """
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    d = prepared.data
+    run_effects = str(_option(spec, "run_effects", "centered"))
+    noise_family = str(_option(spec, "noise", "student_t"))
+    with pm.Model(coords=prepared.coords) as model:
+        run_idx = pm.Data("run_idx", d["run_idx"], dims="obs")
+        config_idx = pm.Data("config_idx", d["config_idx"], dims="run")
+        microbatches = pm.Data("microbatches", d["microbatches"], dims="run")
+        pp = pm.Data("pp", d["pp"], dims="run")
+        virtual = pm.Data("virtual_stages", d["virtual_stages"], dims="run")
+        dp = pm.Data("dp", d["dp"], dims="run")
+        log_work = pm.Data("log_relative_work", d["log_relative_work"], dims="run")
+        emax = pm.Data("max_rank_mean", d["max_rank_mean"], dims="run")
+        smax = pm.Data("max_rank_sd", d["max_rank_sd"], dims="run")
+
+        mb_log_median = pm.Normal("mb_log_median", float(d["prior_center"]), 1.0)
+        work_exponent = pm.Normal("work_exponent", 1.0, 0.25)
+        bubble_fraction = pm.Beta("bubble_fraction", 2.0, 2.0)
+        rank_sigma = pm.HalfNormal("rank_sigma", 0.2)
+        comm_per_doubling = pm.HalfNormal("comm_per_doubling", 0.5)
+        config_sd = pm.HalfNormal("config_sd", 0.05)
+        config_z = pm.Normal("config_z", 0.0, 1.0, dims="config")
+        config_effect = pm.Deterministic("config_effect", config_sd * config_z, dims="config")
+        run_sd = pm.HalfNormal("run_sd", 0.02)
+        slot_noise = pm.HalfNormal("slot_noise", 0.2)
+        step_noise = pm.HalfNormal("step_noise", 0.05)
+
+        if run_effects == "noncentered":
+            run_z = pm.Normal("run_z", 0.0, 1.0, dims="run")
+            run_effect = pm.Deterministic("run_effect", run_sd * run_z, dims="run")
+        else:
+            run_effect = pm.Normal("run_effect", 0.0, run_sd, dims="run")
+
+        slot = pt.exp(mb_log_median + work_exponent * log_work)
+        slots = microbatches + bubble_fraction * (pp - 1.0) / virtual
+        comm = pt.exp(mb_log_median) * comm_per_doubling * pt.log2(dp)
+        median = slots * slot * pt.exp(rank_sigma * emax) + comm
+        shift = config_effect[config_idx] + run_effect
+        pm.Deterministic("run_median_s", median * pt.exp(shift), dims="run")
+        noise = pt.sqrt((rank_sigma**2 * smax**2 + slot_noise**2) / slots + step_noise**2)
+        mu = (pt.log(median) + shift)[run_idx]
+        if noise_family == "normal":
+            pm.Normal("log_step_time", mu, noise[run_idx], observed=d["log_step_time"], dims="obs")
+        else:
+            nu = pm.Gamma("step_nu", 2.0, 0.1)
+            pm.StudentT("log_step_time", nu=nu, mu=mu, sigma=noise[run_idx],
+                        observed=d["log_step_time"], dims="obs")
+    return model

@@ -1,0 +1,406 @@
+"""Parallel plans and clusters: the validated value types a forecast is asked about.
+
+A :class:`ParallelPlan` says how one training step is laid out on GPUs (data, tensor, pipeline,
+context and expert parallelism, micro-batches, pipeline schedule, optimizer sharding and how
+much data-parallel communication is hidden behind compute). A :class:`Cluster` says what the
+GPUs sit in (GPUs per node, optional link-tier overrides, optional measured nodes to use).
+
+Both are frozen dataclasses validated on construction: every problem is collected and raised at
+once as one :class:`~bayesprism.errors.PlanError` whose lines name the plan, the field and the
+offending value. Questionable but possible layouts raise a :class:`PlanWarning` instead.
+
+Plan files (TOML)
+-----------------
+One plan per file, as top-level keys or as a single ``[plan]`` table::
+
+    name = "gpt-1k"
+    dp = 16
+    tp = 8
+    pp = 8
+    microbatches = 32
+    schedule = "1f1b"
+
+or several plans as an array of tables (each ``[[plan]]`` starts one plan)::
+
+    [[plan]]
+    name = "small"
+    dp = 4
+    [[plan]]
+    name = "big"
+    dp = 64
+
+A file may also hold one ``[cluster]`` table, read by :meth:`Cluster.from_toml`.
+Unknown keys are errors (a typo never silently falls back to a default).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+import warnings
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from bayesprism.errors import PlanError, Problem
+
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+SHARDINGS: tuple[str, ...] = ("none", "zero1", "zero2", "fsdp")
+#: Schedules that keep at most ``pp`` micro-batches in flight and need ``microbatches >= pp``
+#: to reach their steady state.
+ONE_F_ONE_B_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "zero-bubble")
+TIER_KEYS: tuple[str, ...] = ("latency_us", "bandwidth_gbps")
+
+
+class PlanWarning(UserWarning):
+    """A plan is possible but likely wasteful or unusual (e.g. TP across nodes)."""
+
+
+def _is_positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """How one training step is laid out on ``dp * tp * pp * cp`` GPUs.
+
+    Parameters
+    ----------
+    dp, tp, pp, cp, ep
+        Data-, tensor-, pipeline-, context- and expert-parallel degrees (``ep`` divides ``dp``;
+        expert ranks are carved out of the data-parallel ranks).
+    microbatches
+        Micro-batches per step per data-parallel rank (gradient-accumulation steps). The
+        micro-batch size is the traced run's (see ``bayesprism.composition``).
+    virtual_stages
+        Model chunks per pipeline rank; only with ``schedule="interleaved-1f1b"``.
+    schedule
+        One of :data:`SCHEDULES`.
+    sharding
+        Optimizer/parameter sharding, one of :data:`SHARDINGS`.
+    overlap
+        Fraction (0-1) of data-parallel communication hidden behind compute.
+    gpus_per_node
+        GPUs per node (decides which groups cross nodes); a :class:`Cluster` overrides it.
+    name
+        Label; defaults to a description of the layout.
+    steps
+        Training steps, for training-time forecasts (optional).
+    layers
+        Model depth, to check that every (virtual) pipeline stage gets a layer (optional).
+    world_size
+        When given, must equal ``dp * tp * pp * cp``.
+    activation_bytes
+        Bytes of one micro-batch's activation at a layer boundary; needed only when the target
+        uses tensor/pipeline parallelism the traced run did not have (optional).
+    gradient_bytes
+        Bytes of the whole model's gradients; needed only when the traced run had no
+        data-parallel collectives and the target has ``dp * cp > 1`` (optional).
+    source
+        Where the plan came from (file path), used in error messages.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    microbatches: int = 1
+    virtual_stages: int = 1
+    schedule: str = "1f1b"
+    sharding: str = "none"
+    overlap: float = 0.0
+    gpus_per_node: int = 8
+    name: str | None = None
+    steps: int | None = None
+    layers: int | None = None
+    world_size: int | None = None
+    activation_bytes: float | None = None
+    gradient_bytes: float | None = None
+    source: str = field(default="plan", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        problems, notes = self._check()
+        if problems:
+            raise PlanError(problems)
+        for note in notes:
+            warnings.warn(note, PlanWarning, stacklevel=3)
+        if self.name is None:
+            object.__setattr__(self, "name", self.describe())
+
+    # ------------------------------------------------------------------ validation
+    def _where(self) -> str:
+        return f"{self.source} {self.name!r}" if self.name else self.source
+
+    def _check(self) -> tuple[list[Problem], list[str]]:
+        where = self._where()
+        problems: list[Problem] = []
+        notes: list[str] = []
+
+        def bad(name: str, message: str, value: object) -> None:
+            problems.append(Problem(where, name, message, example=value))
+
+        required = ("dp", "tp", "pp", "cp", "ep", "microbatches", "virtual_stages")
+        for name in (*required, "gpus_per_node"):
+            value = getattr(self, name)
+            if not _is_positive_int(value):
+                bad(name, "must be a positive integer", value)
+        for name in ("steps", "layers", "world_size"):
+            value = getattr(self, name)
+            if value is not None and not _is_positive_int(value):
+                bad(name, "must be a positive integer", value)
+        for name in ("activation_bytes", "gradient_bytes"):
+            value = getattr(self, name)
+            if value is not None and not (_is_number(value) and value > 0):
+                bad(name, "must be a positive number of bytes", value)
+        if self.name is not None and not isinstance(self.name, str):
+            bad("name", "must be a string", self.name)
+        if not _is_number(self.overlap) or not 0.0 <= float(self.overlap) <= 1.0:
+            bad("overlap", "must be a fraction between 0 and 1", self.overlap)
+        if self.schedule not in SCHEDULES:
+            bad("schedule", f"unknown schedule; allowed: {', '.join(SCHEDULES)}", self.schedule)
+        if self.sharding not in SHARDINGS:
+            bad("sharding", f"unknown sharding; allowed: {', '.join(SHARDINGS)}", self.sharding)
+        if problems:  # the relations below need valid numbers
+            return problems, notes
+
+        gpus = self.gpus
+        if self.world_size is not None and self.world_size != gpus:
+            bad(
+                "world_size",
+                f"must equal dp*tp*pp*cp = {self.dp}*{self.tp}*{self.pp}*{self.cp} = {gpus}",
+                self.world_size,
+            )
+        if self.dp % self.ep:
+            bad("ep", f"must divide the data-parallel degree dp = {self.dp}", self.ep)
+        interleaved = self.schedule == "interleaved-1f1b"
+        if self.virtual_stages > 1 and not interleaved:
+            bad(
+                "virtual_stages",
+                f"only used by schedule 'interleaved-1f1b', not {self.schedule!r}",
+                self.virtual_stages,
+            )
+        if interleaved:
+            if self.pp < 2:
+                bad("pp", "schedule 'interleaved-1f1b' needs pp >= 2", self.pp)
+            if self.virtual_stages < 2:
+                bad("virtual_stages", "schedule 'interleaved-1f1b' needs >= 2", self.virtual_stages)
+            if self.microbatches % self.pp:
+                bad(
+                    "microbatches",
+                    f"schedule 'interleaved-1f1b' needs a multiple of pp = {self.pp}",
+                    self.microbatches,
+                )
+        if self.layers is not None and self.pp * self.virtual_stages > self.layers:
+            bad(
+                "pp",
+                f"pp*virtual_stages = {self.pp * self.virtual_stages} stages exceed "
+                f"layers = {self.layers}",
+                self.pp,
+            )
+        if self.schedule in ONE_F_ONE_B_SCHEDULES and self.microbatches < self.pp:
+            notes.append(
+                f"{where}: microbatches = {self.microbatches} < pp = {self.pp}: schedule "
+                f"{self.schedule!r} never reaches its steady state (the bubble dominates)"
+            )
+        if self.tp > self.gpus_per_node:
+            notes.append(
+                f"{where}: tp = {self.tp} > gpus_per_node = {self.gpus_per_node}: "
+                "tensor-parallel collectives cross nodes (tp <= gpus_per_node is recommended)"
+            )
+        return problems, notes
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def gpus(self) -> int:
+        """World size ``dp * tp * pp * cp``."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def nodes(self) -> int:
+        """Nodes needed at ``gpus_per_node`` GPUs per node (the last one may be partial)."""
+        return math.ceil(self.gpus / self.gpus_per_node)
+
+    def describe(self) -> str:
+        """A compact label such as ``dp16-tp8-pp8-m32-1f1b``."""
+        parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
+        parts += [f"{k}{getattr(self, k)}" for k in ("cp", "ep") if getattr(self, k) != 1]
+        parts.append(f"m{self.microbatches}")
+        if self.virtual_stages > 1:
+            parts.append(f"v{self.virtual_stages}")
+        parts.append(self.schedule)
+        if self.sharding != "none":
+            parts.append(self.sharding)
+        return "-".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain fields (without ``source``), JSON-serialisable."""
+        out = asdict(self)
+        out.pop("source")
+        return out
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], source: str = "plan") -> ParallelPlan:
+        """Build a plan from a mapping; unknown keys are reported with the other problems."""
+        known = {f.name for f in fields(cls)} - {"source"}
+        unknown = sorted(set(values) - known)
+        label = values.get("name")
+        where = f"{source} {label!r}" if isinstance(label, str) else source
+        problems = [
+            Problem(where, key, f"unknown plan field; allowed: {', '.join(sorted(known))}")
+            for key in unknown
+        ]
+        kwargs = {k: v for k, v in values.items() if k in known}
+        try:
+            plan = cls(**kwargs, source=source)
+        except PlanError as exc:
+            raise PlanError(problems + exc.problems) from None
+        if problems:
+            raise PlanError(problems)
+        return plan
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> list[ParallelPlan]:
+        """All plans of a TOML file (see the module docstring for the layout)."""
+        path = Path(path)
+        data = _read_toml(path)
+        data.pop("cluster", None)
+        if "plan" in data:
+            rest = sorted(set(data) - {"plan"})
+            if rest:
+                raise PlanError(
+                    Problem(str(path), key, "unexpected top-level key beside [plan] tables")
+                    for key in rest
+                )
+            tables = data["plan"]
+            tables = [tables] if isinstance(tables, dict) else tables
+        else:
+            tables = [data]
+        if not tables or not all(isinstance(t, dict) for t in tables):
+            raise PlanError(Problem(str(path), "plan", "no plan table found"))
+        plans: list[ParallelPlan] = []
+        problems: list[Problem | str] = []
+        for index, table in enumerate(tables):
+            source = str(path) if len(tables) == 1 else f"{path}[plan {index}]"
+            try:
+                plans.append(cls.from_dict(table, source=source))
+            except PlanError as exc:
+                problems.extend(exc.problems)
+        if problems:
+            raise PlanError(problems)
+        return plans
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise PlanError(Problem(str(path), "", f"invalid TOML: {exc}")) from None
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What the plan runs on.
+
+    Parameters
+    ----------
+    gpus_per_node
+        GPUs per node; overrides the plan's ``gpus_per_node``.
+    tiers
+        Optional link-tier overrides ``{"intra"|"inter": {"latency_us": .., "bandwidth_gbps": ..}}``
+        replacing the posterior's collective cost parameters of that tier in every draw (noise
+        and congestion are kept), e.g. to ask about a faster fabric.
+    nodes
+        Names of *measured* nodes (as in the posterior's ``node`` coordinate) to run on: the
+        first nodes of the plan use their own posterior effects; further nodes are new ones
+        drawn from the population.
+    source
+        Where the cluster came from, for error messages.
+    """
+
+    gpus_per_node: int = 8
+    tiers: Mapping[str, Mapping[str, float]] | None = None
+    nodes: tuple[str, ...] = ()
+    source: str = field(default="cluster", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        problems: list[Problem] = []
+        if not _is_positive_int(self.gpus_per_node):
+            problems.append(
+                Problem(
+                    self.source,
+                    "gpus_per_node",
+                    "must be a positive integer",
+                    example=self.gpus_per_node,
+                )
+            )
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        for node in self.nodes:
+            if not isinstance(node, str):
+                problems.append(Problem(self.source, "nodes", "must be node names", example=node))
+        if len(set(self.nodes)) != len(self.nodes):
+            problems.append(Problem(self.source, "nodes", "lists a node twice"))
+        if self.tiers is not None:
+            tiers = {}
+            for tier, values in dict(self.tiers).items():
+                if tier not in ("intra", "inter"):
+                    problems.append(
+                        Problem(
+                            self.source,
+                            "tiers",
+                            "unknown tier; allowed: intra, inter",
+                            example=tier,
+                        )
+                    )
+                    continue
+                values = dict(values)
+                for key, value in values.items():
+                    if key not in TIER_KEYS:
+                        problems.append(
+                            Problem(
+                                self.source,
+                                f"tiers.{tier}",
+                                f"unknown key; allowed: {', '.join(TIER_KEYS)}",
+                                example=key,
+                            )
+                        )
+                    elif not (_is_number(value) and value > 0):
+                        problems.append(
+                            Problem(
+                                self.source,
+                                f"tiers.{tier}.{key}",
+                                "must be a positive number",
+                                example=value,
+                            )
+                        )
+                tiers[tier] = values
+            object.__setattr__(self, "tiers", tiers)
+        if problems:
+            raise PlanError(problems)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> Cluster | None:
+        """The ``[cluster]`` table of a TOML file, or ``None`` when it has none."""
+        path = Path(path)
+        table = _read_toml(path).get("cluster")
+        if table is None:
+            return None
+        allowed = ("gpus_per_node", "tiers", "nodes")
+        unknown = sorted(set(table) - set(allowed))
+        if unknown:
+            raise PlanError(
+                Problem(
+                    f"{path} [cluster]",
+                    key,
+                    f"unknown cluster field; allowed: {', '.join(allowed)}",
+                )
+                for key in unknown
+            )
+        return cls(**table, source=f"{path} [cluster]")

@@ -1,0 +1,366 @@
+"""Which variability drives the tail: counterfactual forecasts with one source of spread removed.
+
+Each source of variability of a kernel-level posterior (docs/artifacts.md) is a loading: the
+per-class scales of the node, GPU, step, GPU×step, residual (and cabinet) levels, and the noise
+and congestion of each collective's cost model. Its *contribution* to the step time of a plan is
+the change of the composed step time when that loading is set to zero ("removed") or halved
+("halved"), everything else equal. Both forecasts use the same posterior draws and the same
+random seed (common random numbers), so the difference is not drowned in Monte-Carlo noise.
+
+High variance is not high impact: a class with a large CV that is overlapped with communication,
+or that runs on a stage with slack, moves the composed step time little. The ranking therefore
+comes from the composition, never from the kernel CVs.
+
+Statistics are computed per posterior draw (over that draw's replicates, i.e. step-to-step
+variability), then summarised across draws: the point estimate is the mean over draws of the
+per-draw value, the interval the 5%–95% quantiles across draws (parameter uncertainty).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import xarray as xr
+
+from bayesprism.draws import StepDraws
+from bayesprism.errors import InputError, Problem
+
+#: Slowdown thresholds reported by default: P(step time > (1 + x) × ideal step time).
+THRESHOLDS: tuple[float, ...] = (0.05, 0.10)
+
+#: Level name used in results -> posterior variable holding its per-class loading.
+LEVEL_SCALES: dict[str, str] = {
+    "node": "node_scale",
+    "gpu": "gpu_scale",
+    "step": "step_scale",
+    "gpustep": "gpustep_scale",
+    "residual": "resid_scale",
+    "cabinet": "cabinet_scale",
+}
+#: Posterior variables that make up the "collective" level (per-transfer noise, shared congestion).
+COLLECTIVE_SPREAD: tuple[str, ...] = ("coll_noise", "coll_congestion")
+#: Multiplier that "removes" a loading. Not exactly 0: the composition skips drawing the effects
+#: of a level whose loading is 0 in every draw, which would shift the random stream and break the
+#: common random numbers; 1e-12 of a loading changes no step time by more than ~1e-12 relative.
+REMOVED = 1e-12
+
+
+# --------------------------------------------------------------------------- posterior editing
+
+
+def posterior_group(posterior: xr.DataTree) -> xr.Dataset:
+    """The ``posterior`` group of a fit as a Dataset (raises ``InputError`` when it is missing)."""
+    if not isinstance(posterior, xr.DataTree) or "posterior" not in posterior.children:
+        raise InputError(
+            Problem("posterior", "posterior", "not a fitted posterior (no 'posterior' group)")
+        )
+    return posterior["posterior"].to_dataset()
+
+
+def with_posterior_group(posterior: xr.DataTree, group: xr.Dataset) -> xr.DataTree:
+    """A copy of ``posterior`` whose ``posterior`` group is ``group`` (other groups shared)."""
+    tree = posterior.copy()
+    tree["posterior"] = group
+    return tree
+
+
+def thin_draws(posterior: xr.DataTree, draws: int | None) -> xr.DataTree:
+    """Keep ``draws`` evenly spaced posterior draws (chain-major order), as one chain.
+
+    Deterministic (no randomness), so a base forecast and its counterfactuals see the same draws.
+    Every group with both ``chain`` and ``draw`` dims is thinned the same way.
+    """
+    group = posterior_group(posterior)
+    total = int(group.sizes["chain"] * group.sizes["draw"])
+    if draws is not None and draws < 1:
+        raise InputError(Problem("arguments", "draws", "must be at least 1", example=draws))
+    if draws is None or draws >= total:
+        keep = np.arange(total)
+    else:
+        keep = np.unique(np.linspace(0, total - 1, draws).round().astype(int))
+    tree = posterior.copy()
+    for name, child in posterior.children.items():
+        ds = child.to_dataset()
+        if "chain" not in ds.dims or "draw" not in ds.dims:
+            continue
+        flat = ds.stack(sample=("chain", "draw")).isel(sample=keep)
+        flat = flat.drop_vars(["sample", "chain", "draw"]).rename({"sample": "draw"})
+        flat = flat.expand_dims(chain=[0]).assign_coords(draw=np.arange(keep.size))
+        tree[name] = flat.transpose("chain", "draw", ...).assign_attrs(ds.attrs)
+    return tree
+
+
+def scale_variable(
+    group: xr.Dataset, name: str, factor: float, **selection: str | Sequence[str]
+) -> xr.Dataset:
+    """A copy of ``group`` with ``group[name]`` times ``factor`` where ``selection`` holds."""
+    out = group.copy()
+    var = out[name]
+    if not selection:
+        out[name] = var * factor
+        return out
+    mask = xr.ones_like(var, dtype=bool)
+    for dim, labels in selection.items():
+        labels = [labels] if isinstance(labels, str) else list(labels)
+        mask = mask & var[dim].isin(labels)
+    out[name] = xr.where(mask, var * factor, var).assign_attrs(var.attrs)
+    return out
+
+
+def shift_variable(group: xr.Dataset, name: str, shift: float, mask: xr.DataArray) -> xr.Dataset:
+    """A copy of ``group`` with ``shift`` added to ``group[name]`` where ``mask`` is true."""
+    out = group.copy()
+    var = out[name]
+    out[name] = (var + shift * mask).assign_attrs(var.attrs)
+    return out
+
+
+# --------------------------------------------------------------------------- composing
+
+
+def compose_with_seed(
+    posterior: xr.DataTree, plan, *, replicates: int, random_seed: int, cluster=None
+) -> StepDraws:
+    """Compose ``plan`` with a fresh generator seeded by ``random_seed`` (common random numbers)."""
+    from bayesprism.composition import compose
+
+    rng = np.random.default_rng(random_seed)
+    return compose(posterior, plan, replicates=replicates, rng=rng, cluster=cluster)
+
+
+@dataclass(frozen=True)
+class PerDraw:
+    """Per-posterior-draw statistics of step time over that draw's replicates (arrays ``(draw,)``).
+
+    ``slowdown_p`` has shape ``(draw, threshold)``: the fraction of replicates slower than
+    ``(1 + threshold) × ideal_step_time_s``.
+    """
+
+    mean_s: np.ndarray
+    p50_s: np.ndarray
+    p95_s: np.ndarray
+    slowdown_p: np.ndarray
+    ideal_step_time_s: float
+
+    @classmethod
+    def of(cls, step: StepDraws, thresholds: Sequence[float] = THRESHOLDS) -> PerDraw:
+        times = np.asarray(step.step_time_s, dtype=float)
+        limits = (1.0 + np.asarray(thresholds, dtype=float)) * step.ideal_step_time_s
+        return cls(
+            mean_s=times.mean(axis=1),
+            p50_s=np.quantile(times, 0.5, axis=1),
+            p95_s=np.quantile(times, 0.95, axis=1),
+            slowdown_p=(times[:, :, None] > limits[None, None, :]).mean(axis=1),
+            ideal_step_time_s=float(step.ideal_step_time_s),
+        )
+
+
+def estimate(values: np.ndarray) -> tuple[float, list[float]]:
+    """Mean across draws and the 90% interval (5% and 95% quantiles) across draws."""
+    values = np.asarray(values, dtype=float)
+    lo, hi = np.quantile(values, [0.05, 0.95])
+    return float(values.mean()), [float(lo), float(hi)]
+
+
+def threshold_key(threshold: float) -> str:
+    """JSON key of a slowdown threshold: ``0.05 -> "0.05"``, ``0.1 -> "0.1"``."""
+    return f"{threshold:g}"
+
+
+def summary(stats: PerDraw, thresholds: Sequence[float] = THRESHOLDS) -> dict:
+    """Point estimates and 90% intervals of one forecast's mean, p50, p95 and P(slowdown)."""
+    out: dict = {"ideal_step_time_s": stats.ideal_step_time_s}
+    for key in ("mean_s", "p50_s", "p95_s"):
+        out[key], out[f"{key[:-2]}_ci90"] = estimate(getattr(stats, key))
+    out["slowdown_p"], out["slowdown_p_ci90"] = {}, {}
+    for j, x in enumerate(thresholds):
+        k = threshold_key(x)
+        out["slowdown_p"][k], out["slowdown_p_ci90"][k] = estimate(stats.slowdown_p[:, j])
+    return out
+
+
+def reduction(base: PerDraw, other: PerDraw, thresholds: Sequence[float] = THRESHOLDS) -> dict:
+    """How much ``other`` lowers base's p95, mean and P(slowdown): ``base − other`` per draw."""
+    out: dict = {}
+    out["p95_delta_s"], out["p95_delta_ci90"] = estimate(base.p95_s - other.p95_s)
+    out["mean_delta_s"], out["mean_delta_ci90"] = estimate(base.mean_s - other.mean_s)
+    out["slowdown_p_delta"], out["slowdown_p_delta_ci90"] = {}, {}
+    for j, x in enumerate(thresholds):
+        k = threshold_key(x)
+        diff = base.slowdown_p[:, j] - other.slowdown_p[:, j]
+        out["slowdown_p_delta"][k], out["slowdown_p_delta_ci90"][k] = estimate(diff)
+    return out
+
+
+def zero_reduction(n_draws: int, thresholds: Sequence[float] = THRESHOLDS) -> dict:
+    """The reduction of a source that has no spread in any draw (exactly zero, not composed)."""
+    zeros = np.zeros(n_draws)
+    stats = PerDraw(zeros, zeros, zeros, np.zeros((n_draws, len(thresholds))), 0.0)
+    return reduction(stats, stats, thresholds)
+
+
+# --------------------------------------------------------------------------- sensitivity
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source of variability: ``factor`` (class, collective or "all") at ``level``."""
+
+    factor: str
+    level: str
+    variables: tuple[str, ...]
+    dim: str
+    labels: tuple[str, ...] | None  # None: every label of ``dim``
+
+    def edit(self, group: xr.Dataset, multiplier: float) -> xr.Dataset:
+        for name in self.variables:
+            selection = {} if self.labels is None else {self.dim: list(self.labels)}
+            group = scale_variable(group, name, multiplier, **selection)
+        return group
+
+    def has_spread(self, group: xr.Dataset) -> bool:
+        for name in self.variables:
+            var = group[name]
+            if self.labels is not None:
+                var = var.sel({self.dim: list(self.labels)})
+            if bool((np.abs(var) > 0).any()):
+                return True
+        return False
+
+
+def sources_of(group: xr.Dataset) -> list[Source]:
+    """Every source of variability present in a kernel-level posterior group."""
+    out: list[Source] = []
+    for level, name in LEVEL_SCALES.items():
+        if name not in group:
+            continue
+        classes = [str(c) for c in group[name]["kernel_class"].to_numpy()]
+        out.append(Source("all", level, (name,), "kernel_class", None))
+        out.extend(Source(c, level, (name,), "kernel_class", (c,)) for c in classes)
+    spread = tuple(name for name in COLLECTIVE_SPREAD if name in group)
+    if spread:
+        collectives = [str(c) for c in group[spread[0]]["collective"].to_numpy()]
+        out.append(Source("all", "collective", spread, "collective", None))
+        out.extend(Source(c, "collective", spread, "collective", (c,)) for c in collectives)
+    return out
+
+
+def _progress(items: Iterable, enabled: bool, desc: str) -> Iterable:
+    if not enabled:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(list(items), desc=desc, leave=False)
+
+
+def check_kernel_posterior(posterior: xr.DataTree, what: str) -> None:
+    """Refuse a posterior this analysis cannot edit (step-level fits have no per-class loadings)."""
+    kind = posterior.attrs.get("model_kind", "kernel")
+    if kind != "kernel":
+        raise InputError(
+            Problem(
+                "posterior",
+                "model_kind",
+                f"{what} needs a kernel-level posterior (per-class loadings)",
+                example=kind,
+            )
+        )
+
+
+def sensitivity(
+    posterior: xr.DataTree,
+    plan,
+    *,
+    draws: int | None = 200,
+    replicates: int = 64,
+    random_seed: int = 0,
+    cluster=None,
+    thresholds: Sequence[float] = THRESHOLDS,
+    progress: bool = False,
+) -> dict:
+    """Contribution of each source of variability to the p95 step time and P(slowdown) of a plan.
+
+    For every kernel class × level (``node``, ``gpu``, ``step``, ``gpustep``, ``residual``,
+    ``cabinet`` when fitted), for every collective at level ``collective`` (its transfer noise
+    and shared congestion together), and for ``factor="all"`` classes/collectives of each level,
+    the plan is recomposed with that loading set to zero (in practice 1e-12 of it, see
+    :data:`REMOVED`) and to half its value, with the same
+    posterior draws and seed as the base forecast (common random numbers).
+
+    Parameters
+    ----------
+    posterior
+        Kernel-level fit (docs/artifacts.md).
+    plan
+        ``bayesprism.plan.ParallelPlan``.
+    draws
+        Number of posterior draws used (evenly spaced; ``None`` for all).
+    replicates
+        Simulated steps per posterior draw.
+    random_seed
+        Seed of every composition (base and counterfactuals alike).
+    cluster
+        Optional ``bayesprism.plan.Cluster`` passed to the composition.
+    thresholds
+        Slowdown thresholds x of P(step time > (1 + x) × ideal step time).
+    progress
+        Show a progress bar over the counterfactual compositions.
+
+    Returns
+    -------
+    dict
+        ``base``: mean/p50/p95 step time and P(slowdown) of the plan with 90% intervals
+        (``mean_s``, ``mean_ci90``, ``p50_s``, ``p95_s``, ``p95_ci90``, ``slowdown_p``,
+        ``slowdown_p_ci90``, ``ideal_step_time_s``).
+        ``contributions``: one entry per source, sorted by ``|p95_delta_s|`` descending, with
+        ``factor``, ``level``, ``p95_delta_s`` (p95 with the source − p95 without it: the
+        seconds of tail it causes, > 0 when it lengthens the tail), ``p95_delta_ci90``,
+        ``mean_delta_s``, ``mean_delta_ci90``, ``slowdown_p_delta`` and
+        ``slowdown_p_delta_ci90`` (dicts keyed by threshold, e.g. ``"0.05"``: base probability
+        − probability without the source), ``p95_share_of_excess`` (``p95_delta_s`` divided by
+        the base p95 minus the ideal step time), ``composed`` (false when the source has no
+        spread in any draw, so every delta is exactly 0 without composing), and ``halved``: the
+        same ``*_delta*`` keys for the loading halved instead of removed.
+        Also ``thresholds``, ``draws``, ``replicates``, ``random_seed``.
+    """
+    check_kernel_posterior(posterior, "sensitivity")
+    thinned = thin_draws(posterior, draws)
+    group = posterior_group(thinned)
+
+    def per_draw(tree: xr.DataTree) -> PerDraw:
+        step = compose_with_seed(
+            tree, plan, replicates=replicates, random_seed=random_seed, cluster=cluster
+        )
+        return PerDraw.of(step, thresholds)
+
+    base = per_draw(thinned)
+    excess = float(np.mean(base.p95_s)) - base.ideal_step_time_s
+    n_draws = base.p95_s.size
+    contributions = []
+    for source in _progress(sources_of(group), progress, "sensitivity"):
+        entry: dict = {"factor": source.factor, "level": source.level}
+        if source.has_spread(group):
+            removed = per_draw(with_posterior_group(thinned, source.edit(group, REMOVED)))
+            halved = per_draw(with_posterior_group(thinned, source.edit(group, 0.5)))
+            entry.update(reduction(base, removed, thresholds), composed=True)
+            entry["halved"] = reduction(base, halved, thresholds)
+        else:
+            entry.update(zero_reduction(n_draws, thresholds), composed=False)
+            entry["halved"] = zero_reduction(n_draws, thresholds)
+        entry["p95_share_of_excess"] = entry["p95_delta_s"] / excess if excess > 0 else None
+        contributions.append(entry)
+    contributions.sort(key=lambda e: -abs(e["p95_delta_s"]))
+    return {
+        "base": summary(base, thresholds),
+        "contributions": contributions,
+        "thresholds": [float(x) for x in thresholds],
+        "draws": int(n_draws),
+        "replicates": int(replicates),
+        "random_seed": int(random_seed),
+    }
+
+
+#: Signature of a function editing a posterior group (used by what-if and placement).
+GroupEdit = Callable[[xr.Dataset], xr.Dataset]

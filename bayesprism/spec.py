@@ -1,0 +1,335 @@
+"""Model specifications: a frozen, hashable description of which model to fit (DESIGN §5).
+
+A spec names only entries of closed registries (likelihoods, populations, levels,
+parameterisations, collective cost models); it never names an import path. Named specs live as
+TOML in the repository's ``models/`` folder and are also built into the code, so an installed
+package without the folder still knows them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from bayesprism.errors import Problem, SpecError
+
+KINDS: tuple[str, ...] = ("kernel", "step")
+#: Residual distributions of one launch's log duration.
+LIKELIHOODS: tuple[str, ...] = ("lognormal", "student_t")
+#: Population families of standardised unit effects (see ``bayesprism.population``).
+POPULATIONS: tuple[str, ...] = ("normal", "student_t", "mixture")
+#: Variance-component levels of the kernel model.
+LEVELS: tuple[str, ...] = ("node", "gpu", "step", "gpustep", "cabinet")
+PARAMETERISATIONS: tuple[str, ...] = ("auto", "centred", "noncentred")
+COLLECTIVE_MODELS: tuple[str, ...] = ("ring", "none")
+
+#: Prior scales (all on the log-duration scale unless the name carries a unit).
+DEFAULT_PRIORS: dict[str, float] = {
+    "kernel_log_median_sd": 5.0,  # sd of a class mean of log µs around log(100 µs)
+    "kernel_class_sd": 1.0,  # half-normal scale of the within-class sd of kernel medians
+    "level_scale": 0.2,  # half-normal scale of every loading (node/gpu/step/gpustep/cabinet)
+    "resid_scale": 0.5,  # half-normal scale of the per-class residual sd
+    "nu_rate": 0.1,  # Gamma(2, rate) prior on Student-t degrees of freedom (mean 20)
+    "slow_weight_beta": 19.0,  # Beta(1, b) prior on the slow mixture weight (mean 5 %)
+    "slow_shift_scale": 4.0,  # half-normal scale of the slow component's shift (in pop. sds)
+    "coll_latency_us": 10.0,  # prior median of the per-step collective latency
+    "coll_bandwidth_gbps": 50.0,  # prior median of the bus bandwidth
+    "coll_log_sd": 2.0,  # sd of log latency / log bandwidth around their medians
+    "inter_bandwidth_ratio": 0.25,  # prior median of inter/intra bandwidth (unobserved tier)
+    "inter_latency_ratio": 3.0,  # prior median of inter/intra latency (unobserved tier)
+    "tier_ratio_log_sd": 1.0,  # sd of log of those ratios
+    "coll_noise": 0.3,  # half-normal scale of the lognormal transfer noise
+    "coll_congestion": 0.2,  # half-normal scale of the per-step congestion sd
+}
+
+#: Units per group above which a level's effects are fitted centred (``parameterisation=auto``).
+DEFAULT_DENSE_LAUNCHES = 20.0
+
+
+def _error(field_name: str, message: str, example: object = None) -> SpecError:
+    return SpecError(Problem("model spec", field_name, message, example=example))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model to fit and with which priors.
+
+    Parameters
+    ----------
+    name
+        Label of the spec (``"default"``, ``"robust"``, ...), informational.
+    kind
+        ``"kernel"`` (kernel-level hierarchical model) or ``"step"`` (step-time model).
+    likelihood
+        Residual of one launch's log duration: ``"lognormal"`` (Gaussian on the log scale, fitted
+        on exact sufficient statistics) or ``"student_t"`` (heavy-tailed, fitted on rows).
+    node_population, gpu_population
+        Family of the standardised node / GPU effects: ``"normal"``, ``"student_t"`` or
+        ``"mixture"`` (a slow component for degraded units).
+    levels
+        Variance components to fit, a subset of :data:`LEVELS`.
+    parameterisation
+        ``"centred"``, ``"noncentred"`` or ``"auto"`` (per level, centred when its units have
+        at least ``dense_launches`` launches each on average).
+    collective_model
+        ``"ring"`` (cost model of ``bayesprism.collectives`` on ``transfer_us``) or ``"none"``.
+    priors
+        Named prior scales overriding :data:`DEFAULT_PRIORS`.
+    dense_launches
+        Threshold of the ``auto`` parameterisation.
+    step
+        Options of the step-level model (``kind = "step"``), read by ``bayesprism.model.step``.
+    """
+
+    name: str = "default"
+    kind: str = "kernel"
+    likelihood: str = "lognormal"
+    node_population: str = "student_t"
+    gpu_population: str = "student_t"
+    levels: tuple[str, ...] = ("node", "gpu", "step", "gpustep")
+    parameterisation: str = "auto"
+    collective_model: str = "ring"
+    priors: dict[str, float] = field(default_factory=dict)
+    dense_launches: float = DEFAULT_DENSE_LAUNCHES
+    step: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        problems: list[Problem] = []
+
+        def closed(name: str, value: object, allowed: tuple[str, ...]) -> None:
+            if value not in allowed:
+                problems.append(
+                    Problem(
+                        "model spec",
+                        name,
+                        "unknown value; allowed: " + ", ".join(allowed),
+                        example=value,
+                    )
+                )
+
+        closed("kind", self.kind, KINDS)
+        closed("likelihood", self.likelihood, LIKELIHOODS)
+        closed("node_population", self.node_population, POPULATIONS)
+        closed("gpu_population", self.gpu_population, POPULATIONS)
+        closed("parameterisation", self.parameterisation, PARAMETERISATIONS)
+        closed("collective_model", self.collective_model, COLLECTIVE_MODELS)
+        levels = self.levels
+        if isinstance(levels, str) or not all(isinstance(v, str) for v in levels):
+            problems.append(
+                Problem("model spec", "levels", "must be a list of level names", example=levels)
+            )
+        else:
+            object.__setattr__(self, "levels", tuple(levels))
+            for level in levels:
+                closed("levels", level, LEVELS)
+            if len(set(levels)) != len(levels):
+                problems.append(
+                    Problem("model spec", "levels", "a level is listed twice", example=list(levels))
+                )
+        if not isinstance(self.priors, dict):
+            problems.append(
+                Problem("model spec", "priors", "must be a table of numbers", example=self.priors)
+            )
+        else:
+            for key, value in self.priors.items():
+                if key not in DEFAULT_PRIORS:
+                    problems.append(
+                        Problem(
+                            "model spec",
+                            f"priors.{key}",
+                            "unknown prior; allowed: " + ", ".join(DEFAULT_PRIORS),
+                        )
+                    )
+                elif isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                    problems.append(
+                        Problem(
+                            "model spec",
+                            f"priors.{key}",
+                            "must be a positive number",
+                            example=value,
+                        )
+                    )
+        if (
+            isinstance(self.dense_launches, bool)
+            or not isinstance(self.dense_launches, (int, float))
+            or self.dense_launches <= 0
+        ):
+            problems.append(
+                Problem(
+                    "model spec",
+                    "dense_launches",
+                    "must be a positive number",
+                    example=self.dense_launches,
+                )
+            )
+        if not isinstance(self.step, dict):
+            problems.append(Problem("model spec", "step", "must be a table", example=self.step))
+        if problems:
+            raise SpecError(problems)
+
+    def __hash__(self) -> int:  # dict fields are unhashable; hash the canonical form instead
+        return hash(self.spec_hash())
+
+    # -- derived values ---------------------------------------------------------------------
+    def prior(self, name: str) -> float:
+        """The prior scale ``name`` (spec override or :data:`DEFAULT_PRIORS`)."""
+        if name not in DEFAULT_PRIORS:
+            raise KeyError(f"unknown prior {name!r}")
+        return float(self.priors.get(name, DEFAULT_PRIORS[name]))
+
+    def population(self, level: str) -> str:
+        """Population family of a level (levels other than node/GPU are normal)."""
+        return {"node": self.node_population, "gpu": self.gpu_population}.get(level, "normal")
+
+    # -- (de)serialisation ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON/TOML-able dict (lists, not tuples)."""
+        out = asdict(self)
+        out["levels"] = list(self.levels)
+        out["priors"] = dict(sorted(self.priors.items()))
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
+        """Build from a dict such as :meth:`to_dict` returns; unknown keys raise ``SpecError``."""
+        if not isinstance(data, dict):
+            raise _error("", "a model spec must be a table of fields", example=data)
+        known = {f.name for f in fields(cls)}
+        unknown = [k for k in data if k not in known]
+        if unknown:
+            raise SpecError(
+                [
+                    Problem(
+                        "model spec", key, "unknown field; allowed: " + ", ".join(sorted(known))
+                    )
+                    for key in unknown
+                ]
+            )
+        values = dict(data)
+        if "levels" in values and isinstance(values["levels"], list):
+            values["levels"] = tuple(values["levels"])
+        try:
+            return cls(**values)
+        except TypeError as exc:  # wrong value types caught by dataclass construction
+            raise _error("", str(exc)) from None
+
+    def spec_hash(self) -> str:
+        """Stable hex digest of :meth:`to_dict` (key order and tuple/list independent)."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def to_toml(self) -> str:
+        """TOML text that :meth:`load` reads back to an equal spec."""
+        d = self.to_dict()
+        lines = []
+        for key, value in d.items():
+            if isinstance(value, dict):
+                continue
+            lines.append(f"{key} = {_toml_value(value)}")
+        for key in ("priors", "step"):
+            if d[key]:
+                lines.append("")
+                lines.append(f"[{key}]")
+                lines.extend(f"{k} = {_toml_value(v)}" for k, v in d[key].items())
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def default(cls) -> ModelSpec:
+        """The default kernel-level spec (equal to ``models/default.toml``)."""
+        return BUILTIN_SPECS["default"]
+
+    @classmethod
+    def load(cls, name_or_path: str | Path) -> ModelSpec:
+        """Load a spec from a TOML file, or by bare name from ``models/`` (else the built-ins).
+
+        Raises
+        ------
+        SpecError
+            If the file cannot be read or parsed, a field is unknown, or the name is unknown.
+        """
+        text = str(name_or_path)
+        path = Path(text)
+        looks_like_path = path.suffix == ".toml" or "/" in text or path.exists()
+        if not looks_like_path:
+            candidate = MODELS_DIR / f"{text}.toml"
+            if candidate.is_file():
+                path = candidate
+            elif text in BUILTIN_SPECS:
+                return BUILTIN_SPECS[text]
+            else:
+                raise SpecError(
+                    Problem(
+                        "model spec",
+                        "name",
+                        "no such named spec; known: " + ", ".join(sorted(_known_names())),
+                        example=text,
+                    )
+                )
+        try:
+            raw = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise SpecError(Problem(str(path), "", "spec file not found")) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecError(Problem(str(path), "", f"cannot read spec file: {exc}")) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SpecError(Problem(str(path), "", f"invalid TOML: {exc}")) from None
+        try:
+            return cls.from_dict(raw)
+        except SpecError as exc:
+            raise SpecError(
+                [
+                    Problem(str(path), p.field, p.message, p.count, p.example)
+                    if isinstance(p, Problem)
+                    else p
+                    for p in exc.problems
+                ]
+            ) from None
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+#: The repository's ``models/`` folder (absent in an installed package: built-ins are used).
+MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+
+
+def _known_names() -> set[str]:
+    names = set(BUILTIN_SPECS)
+    if MODELS_DIR.is_dir():
+        names.update(p.stem for p in MODELS_DIR.glob("*.toml"))
+    return names
+
+
+BUILTIN_SPECS: dict[str, ModelSpec] = {
+    "default": ModelSpec(),
+    "robust": ModelSpec(
+        name="robust",
+        likelihood="student_t",
+        node_population="mixture",
+        gpu_population="mixture",
+    ),
+    "step": ModelSpec(
+        name="step",
+        kind="step",
+        levels=(),
+        collective_model="none",
+    ),
+    "benchmark": ModelSpec(
+        name="benchmark",
+        levels=("cabinet", "node", "gpu", "step"),
+        collective_model="none",
+    ),
+}

@@ -1,0 +1,812 @@
+"""Held-out validation: split a trace table, predict the held-out part, score it (DESIGN §2.8).
+
+Splits (:func:`split_table`):
+
+``nodes`` / ``gpus`` / ``ranks``
+    Fit some nodes (GPUs ``"<node>/<gpu>"``, global ranks) and predict the held-out ones as
+    *new* units drawn from the fitted population.
+``steps``
+    Fit the first part of every run, predict its remaining steps.
+``scale``
+    Fit the runs at the smaller world sizes, forecast the runs at the larger ones.
+
+Predictions (:func:`predict_heldout`): for kernel-level posteriors every held-out row (one
+kernel launch, or one benchmark run on one GPU) is simulated in its own context: fitted effects
+where its node/GPU/step was fitted, new effects drawn from the population
+(``bayesprism.population.draw_effects``) where not. For step-level posteriors the step time of
+every held-out layout is forecast with ``bayesprism.forecast`` at the logged layout of the run.
+Scores are those of :mod:`bayesprism.metrics`; baselines are in :mod:`bayesprism.baselines`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from bayesprism import metrics
+from bayesprism.baselines import (
+    BASELINES,
+    degenerate_posterior,
+    run_layouts,
+    step_baseline_draws,
+    timed_steps,
+)
+from bayesprism.errors import InputError, Problem
+
+SPLITS: tuple[str, ...] = ("nodes", "gpus", "ranks", "steps", "scale")
+METHODS: tuple[str, ...] = ("bayesprism", *BASELINES)
+
+
+# --------------------------------------------------------------------------------------------
+# splits
+
+
+def _unit_labels(table: pd.DataFrame, by: str) -> pd.Series:
+    """The held-out unit of every row under split ``by``."""
+    if by in ("nodes", "gpus", "ranks"):
+        whole_job = (table["kernel_class"] == "step").to_numpy()
+        if whole_job.any():
+            raise InputError(
+                Problem(
+                    "split",
+                    "kernel_class",
+                    f"a split by {by} needs per-rank rows, but the table "
+                    "has step rows that time the whole job (use --split steps or scale)",
+                    count=int(whole_job.sum()),
+                    example="step",
+                )
+            )
+        if by == "nodes":
+            return table["node"].astype(str)
+        if by == "gpus":
+            return table["node"].astype(str) + "/" + table["gpu"].astype(str)
+        return table["rank"].astype("int64")
+    if by == "scale":
+        runs = table.attrs.get("runs", {})
+        sizes, missing = {}, []
+        for run in table["run"].astype(str).unique():
+            meta = runs.get(run, {})
+            size = meta.get("world_size", meta.get("gpus"))
+            if size is None:
+                missing.append(run)
+            else:
+                sizes[run] = int(size)
+        if missing:
+            raise InputError(
+                Problem(
+                    "split",
+                    "attrs.runs[...].world_size",
+                    "is needed to split by scale",
+                    len(missing),
+                    missing[0],
+                )
+            )
+        return table["run"].astype(str).map(sizes).astype("int64")
+    return table["step"].astype("int64")
+
+
+def _choose(units: list, fraction: float, largest: bool, rng: np.random.Generator) -> list:
+    n_out = min(len(units) - 1, max(1, round(fraction * len(units))))
+    if largest:
+        return sorted(units)[len(units) - n_out :]
+    order = rng.permutation(len(units))
+    return sorted(units[i] for i in order[:n_out])
+
+
+def split_table(
+    table: pd.DataFrame,
+    by: str,
+    *,
+    fraction: float | None = None,
+    holdout: Sequence | None = None,
+    seed: int = 0,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Split a trace table into a fit part and a held-out part; no held-out unit is fitted.
+
+    Parameters
+    ----------
+    table
+        A validated trace table.
+    by
+        ``"nodes"``, ``"gpus"`` (labels ``"<node>/<gpu>"``), ``"ranks"``, ``"steps"`` or
+        ``"scale"`` (world sizes, from ``attrs["runs"][run]["world_size"]``).
+    fraction
+        Share of units held out (default 0.5; at least one unit on each side). ``nodes``,
+        ``gpus``, ``ranks``: a random choice (``seed``). ``steps``: the last ``fraction`` of
+        every run's steps. ``scale``: the largest ``fraction`` of the world sizes.
+    holdout
+        Explicit units to hold out instead of ``fraction`` (node names, ``"node/gpu"`` labels,
+        ranks, step numbers or world sizes).
+    seed
+        Seed of the random choice.
+
+    Returns
+    -------
+    (fit_table, heldout_table)
+        Row subsets with unused categories removed and ``attrs`` restricted to each side's runs;
+        ``attrs["split"]`` records ``by``, the side and the held-out units, and a line is added
+        to ``attrs["notes"]``.
+
+    Raises
+    ------
+    InputError
+        Unknown ``by``, units in ``holdout`` that are not in the table, a split that leaves
+        one side empty, or a table that cannot be split that way.
+    """
+    if by not in SPLITS:
+        raise InputError(Problem("split", "by", f"choose one of {', '.join(SPLITS)}", example=by))
+    if fraction is not None and holdout is not None:
+        raise InputError(Problem("split", "holdout", "give either fraction or holdout, not both"))
+    fraction = 0.5 if fraction is None else float(fraction)
+    if not 0.0 < fraction < 1.0:
+        raise InputError(
+            Problem("split", "fraction", "must lie strictly between 0 and 1", example=fraction)
+        )
+    labels = _unit_labels(table, by)
+    if by == "steps" and holdout is None:
+        held_mask = np.zeros(len(table), dtype=bool)
+        for _, index in table.groupby(table["run"].astype(str), sort=True).groups.items():
+            steps = sorted(table.loc[index, "step"].unique())
+            if len(steps) < 2:
+                continue
+            late = set(_choose(steps, fraction, largest=True, rng=np.random.default_rng(seed)))
+            held_mask[table.index.get_indexer(index)] |= table.loc[index, "step"].isin(late)
+        held_units = sorted(int(s) for s in np.unique(labels.to_numpy()[held_mask]))
+    else:
+        units = sorted(pd.unique(labels).tolist())
+        if holdout is not None:
+            kind = type(units[0]) if units else str
+            wanted = [kind(u) for u in holdout]
+            unknown = [u for u in wanted if u not in set(units)]
+            if unknown:
+                raise InputError(
+                    Problem(
+                        "split", "holdout", f"not in the table (by {by})", len(unknown), unknown[0]
+                    )
+                )
+            held_units = sorted(set(wanted))
+        else:
+            if len(units) < 2:
+                raise InputError(
+                    Problem(
+                        "split",
+                        by,
+                        "need at least two units to split",
+                        len(units),
+                        units[0] if units else None,
+                    )
+                )
+            held_units = _choose(units, fraction, by == "scale", np.random.default_rng(seed))
+        held_mask = labels.isin(held_units).to_numpy()
+    if held_mask.all() or not held_mask.any():
+        raise InputError(
+            Problem("split", "holdout", "the split leaves one side empty", example=held_units[:5])
+        )
+    parts = []
+    for role, mask in (("fit", ~held_mask), ("heldout", held_mask)):
+        part = table.loc[mask].copy()
+        for col in part.columns:
+            if isinstance(part[col].dtype, pd.CategoricalDtype) and col != "kernel_class":
+                part[col] = part[col].cat.remove_unused_categories()
+        attrs = copy.deepcopy(dict(table.attrs))
+        present = set(part["run"].astype(str).unique())
+        attrs["runs"] = {r: m for r, m in attrs.get("runs", {}).items() if r in present}
+        attrs["notes"] = [
+            *attrs.get("notes", []),
+            f"split by {by}: {len(held_units)} unit(s) held out, this is the {role} part",
+        ]
+        attrs["split"] = {"by": by, "role": role, "heldout": [_plain(u) for u in held_units]}
+        part.attrs = attrs
+        parts.append(part)
+    return parts[0], parts[1]
+
+
+def _plain(value):
+    return value.item() if hasattr(value, "item") else value
+
+
+# --------------------------------------------------------------------------------------------
+# predictions
+
+
+@dataclass
+class HeldoutPrediction:
+    """Predictive draws and the held-out observations they are scored against.
+
+    ``groups`` holds ``(draws, observed)`` pairs: for kernel tables one pair whose draws have
+    shape ``(n_draws, n_rows)`` (column j predicts row j); for step tables one pair per held-out
+    layout with 1-D draws. ``skipped`` counts observations that could not be scored, by reason.
+    """
+
+    groups: list[tuple[np.ndarray, np.ndarray]]
+    unit: str
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n_observed(self) -> int:
+        return int(sum(np.size(obs) for _, obs in self.groups))
+
+    def scores(self, rng: np.random.Generator) -> dict[str, float]:
+        """Metrics of :mod:`bayesprism.metrics` over all groups."""
+        if len(self.groups) == 1:
+            return metrics.score(*self.groups[0])
+        return metrics.score_groups(self.groups, rng)
+
+    def pit(self) -> np.ndarray:
+        """PIT value of every observation."""
+        return metrics.pit_groups(self.groups)
+
+
+def _flat_samples(da: xr.DataArray) -> np.ndarray:
+    """(chain*draw, ...) array, chain-major (the order of ``population.draw_effects``)."""
+    other = [d for d in da.dims if d not in ("chain", "draw")]
+    return (
+        da.transpose("chain", "draw", *other)
+        .to_numpy()
+        .reshape((da.sizes["chain"] * da.sizes["draw"], *[da.sizes[d] for d in other]))
+    )
+
+
+class _DrawPicker:
+    """Posterior draws used for n predictive draws; new units get fresh effects per use."""
+
+    def __init__(self, n_samples: int, n: int, rng: np.random.Generator):
+        reps = math.ceil(n / n_samples)
+        order = np.concatenate([rng.permutation(n_samples) for _ in range(reps)])[:n]
+        self.index = order
+        self.occurrence = np.arange(n) // n_samples
+        self.reps = reps
+        self.n_samples = n_samples
+
+    def take(self, flat: np.ndarray) -> np.ndarray:
+        return flat[self.index]
+
+    def new_effects(
+        self, posterior: xr.Dataset, level: str, n_units: int, rng: np.random.Generator
+    ) -> np.ndarray:
+        if n_units == 0:
+            return np.zeros((self.index.size, 0))
+        if f"{level}_population" in posterior.attrs:
+            from bayesprism.population import draw_effects
+
+            z = draw_effects(posterior, level, n_units * self.reps, rng)
+        else:  # levels without a recorded family (step, cabinet) are standard normal
+            z = rng.standard_normal((self.n_samples, n_units * self.reps))
+        z = z.reshape(self.n_samples, self.reps, n_units)
+        return z[self.index, self.occurrence]
+
+
+def _level_term(posterior, picker, rng, level, unit_dim, labels, class_codes, classes):
+    """loading[c] · effect[unit] per (draw, row), fitted effect where the unit was fitted."""
+    loading = posterior[f"{level}_scale"].sel(kernel_class=classes)
+    loading = picker.take(_flat_samples(loading))[:, class_codes]
+    codes, uniques = pd.factorize(pd.Series(labels, dtype=str), sort=True)
+    effects = np.empty((picker.index.size, len(uniques)))
+    effect_var = f"{level}_effect"
+    fitted = (
+        set(posterior[effect_var].coords[unit_dim].to_numpy().astype(str))
+        if effect_var in posterior
+        else set()
+    )
+    known = np.array([u in fitted for u in uniques], dtype=bool)
+    if known.any():
+        da = posterior[effect_var].sel({unit_dim: list(uniques[known])})
+        effects[:, known] = picker.take(_flat_samples(da))
+    effects[:, ~known] = picker.new_effects(posterior, level, int((~known).sum()), rng)
+    return loading * effects[:, codes]
+
+
+def predict_rows(
+    posterior: xr.DataTree, rows: pd.DataFrame, *, draws: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Posterior predictive draws of the duration (µs) of every row, in its own context.
+
+    Parameters
+    ----------
+    posterior
+        A kernel-level posterior (or a degenerate baseline posterior).
+    rows
+        Trace-table rows to predict (columns ``run, step, node, gpu, kernel, kernel_class``,
+        optional ``cabinet``).
+    draws
+        Predictive draws per row (posterior draws are reused, new units redrawn, when fewer).
+    rng
+        Source of randomness.
+
+    Returns
+    -------
+    (durations, predictable)
+        ``durations`` of shape ``(draws, n_predictable)`` and the boolean mask of rows whose
+        kernel has a ``kernel_log_median`` (kernels modelled only by the collective cost model,
+        or never fitted, are not predicted here).
+    """
+    post = posterior["posterior"].to_dataset() if isinstance(posterior, xr.DataTree) else posterior
+    post = post.assign_attrs({**dict(getattr(posterior, "attrs", {})), **dict(post.attrs)})
+    kernels = post["kernel_log_median"].coords["kernel"].to_numpy().astype(str)
+    row_kernels = rows["kernel"].astype(str).to_numpy()
+    predictable = np.isin(row_kernels, kernels)
+    rows = rows.loc[predictable]
+    picker = _DrawPicker(post.sizes["chain"] * post.sizes["draw"], draws, rng)
+    kernel_pos = pd.Index(kernels).get_indexer(row_kernels[predictable])
+    log_d = picker.take(_flat_samples(post["kernel_log_median"]))[:, kernel_pos]
+    class_codes, classes = pd.factorize(rows["kernel_class"].astype(str), sort=True)
+    classes = list(classes)
+    node = rows["node"].astype(str).to_numpy()
+    gpu_unit = node + "/" + rows["gpu"].astype(str).to_numpy()
+    step_unit = rows["run"].astype(str).to_numpy() + "/" + rows["step"].astype(str).to_numpy()
+    levels = [
+        ("node", "node", node),
+        ("gpu", "gpu_unit", gpu_unit),
+        ("step", "step_unit", step_unit),
+    ]
+    if "cabinet" in rows.columns:
+        levels.append(("cabinet", "cabinet", rows["cabinet"].astype(str).to_numpy()))
+    for level, unit_dim, labels in levels:
+        if f"{level}_scale" in post:
+            log_d += _level_term(post, picker, rng, level, unit_dim, labels, class_codes, classes)
+    n = len(rows)
+    if "gpustep_scale" in post:
+        cell = pd.factorize(pd.Series(gpu_unit + "|" + step_unit))[0]
+        n_cells = int(cell.max()) + 1 if n else 0
+        loading = picker.take(_flat_samples(post["gpustep_scale"].sel(kernel_class=classes)))
+        log_d += loading[:, class_codes] * rng.standard_normal((draws, n_cells))[:, cell]
+    resid = picker.take(_flat_samples(post["resid_scale"].sel(kernel_class=classes)))
+    if "resid_nu" in post:  # Student-t residual (robust spec)
+        nu = picker.take(
+            _flat_samples(
+                post["resid_nu"].broadcast_like(post["resid_scale"]).sel(kernel_class=classes)
+            )
+        )[:, class_codes]
+        noise = rng.standard_t(nu)
+    else:
+        noise = rng.standard_normal((draws, n))
+    log_d += resid[:, class_codes] * noise
+    return np.exp(log_d), predictable
+
+
+def _plan_for(layout: dict, meta: dict):
+    """A ``ParallelPlan`` at a run's logged layout."""
+    from bayesprism.plan import ParallelPlan
+
+    plan = dict(meta.get("plan") or {})
+    fields = {
+        "name": f"{layout.get('world_size')} GPUs",
+        "dp": layout["dp"],
+        "tp": layout["tp"],
+        "pp": layout["pp"],
+        "cp": layout["cp"],
+        "microbatches": layout["microbatches"],
+        "gpus_per_node": layout["gpus_per_node"],
+    }
+    for key in ("ep", "schedule", "sharding", "overlap"):
+        if plan.get(key) is not None:
+            fields[key] = plan[key]
+    if (layout.get("virtual_stages") or 1) > 1:
+        fields["virtual_stages"] = layout["virtual_stages"]
+        fields.setdefault("schedule", "interleaved-1f1b")
+    accepted = getattr(ParallelPlan, "__dataclass_fields__", None)
+    if accepted is not None:
+        fields = {k: v for k, v in fields.items() if k in accepted}
+    return ParallelPlan(**fields)
+
+
+def _layout_key(layout: dict) -> tuple:
+    return tuple(
+        layout.get(k)
+        for k in ("dp", "tp", "pp", "cp", "microbatches", "virtual_stages", "gpus_per_node")
+    )
+
+
+def predict_step_layouts(
+    method: str,
+    posterior: xr.DataTree | None,
+    fit_table: pd.DataFrame,
+    heldout: pd.DataFrame,
+    *,
+    draws: int,
+    rng: np.random.Generator,
+    seed: int,
+) -> HeldoutPrediction:
+    """Step-time draws (s) at each held-out run's logged layout, paired with its timed steps.
+
+    Held-out runs with the same layout are one group. The first timed step of every run is
+    warm-up and not scored (counted in ``skipped``), as in the step model's fit.
+    """
+    steps, warmup = timed_steps(heldout)
+    layouts = run_layouts(heldout)
+    metas = heldout.attrs.get("runs", {})
+    by_layout: dict[tuple, list[str]] = {}
+    for run, layout in layouts.items():
+        by_layout.setdefault(_layout_key(layout), []).append(run)
+    keys = sorted(by_layout)
+    groups = []
+    if method == "bayesprism":
+        from bayesprism.forecast import forecast
+
+        plans = [_plan_for(layouts[by_layout[k][0]], metas.get(by_layout[k][0], {})) for k in keys]
+        fc = forecast(posterior, plans, draws=draws, random_seed=seed, progress=False)
+        step_time = fc["step_time_s"] if "step_time_s" in fc else fc.to_dataset()["step_time_s"]
+        for i, key in enumerate(keys):
+            obs = steps.loc[steps["run"].isin(by_layout[key]), "duration_us"].to_numpy() / 1e6
+            groups.append((step_time.isel(plan=i).to_numpy().reshape(-1), obs))
+    else:
+        for key in keys:
+            obs = steps.loc[steps["run"].isin(by_layout[key]), "duration_us"].to_numpy() / 1e6
+            pred = step_baseline_draws(
+                fit_table, layouts[by_layout[key][0]], method, max(draws, 1) * 50, rng
+            )
+            groups.append((pred, obs))
+    groups = [(p, o) for p, o in groups if np.size(o)]
+    return HeldoutPrediction(groups, unit="step_time_s", skipped={"warm-up steps": warmup})
+
+
+def rank_step_times(table: pd.DataFrame) -> np.ndarray:
+    """Measured step time (s) of every (run, rank, step): the span of the rank's GPU work.
+
+    span = max(start_us + duration_us) − min(start_us) over the kernels of that rank and step.
+    """
+    if "start_us" not in table.columns or table["start_us"].isna().all():
+        raise InputError(
+            Problem(
+                "validate",
+                "start_us",
+                "rank step times need kernel start times (Kineto traces have them)",
+            )
+        )
+    rows = table.loc[table["start_us"].notna() & (table["kernel_class"] != "step")]
+    end = rows["start_us"] + rows["duration_us"]
+    keys = [rows["run"].astype(str), rows["rank"], rows["step"]]
+    span = end.groupby(keys).max() - rows["start_us"].groupby(keys).min()
+    return span.to_numpy(dtype=float) / 1e6
+
+
+def traced_plan(posterior: xr.DataTree):
+    """The traced run's ``ParallelPlan``, from ``inventory.attrs["traced_plan"]``."""
+    import json
+
+    from bayesprism.plan import ParallelPlan
+
+    plan = posterior["inventory"].attrs["traced_plan"]
+    plan = json.loads(plan) if isinstance(plan, str) else dict(plan)
+    accepted = ParallelPlan.__dataclass_fields__
+    return ParallelPlan(**{k: v for k, v in plan.items() if k in accepted and v is not None})
+
+
+def predict_rank_step_times(
+    posterior: xr.DataTree, heldout: pd.DataFrame, *, draws: int, seed: int
+) -> HeldoutPrediction:
+    """Forecast step time (s) of the traced plan against the held-out ranks' step spans.
+
+    The forecast is ``bayesprism.forecast`` of the posterior (bayesprism or a degenerate
+    baseline with the same ``inventory``) at the traced plan; the observations are
+    :func:`rank_step_times` of the held-out ranks.
+    """
+    from bayesprism.forecast import forecast
+
+    fc = forecast(
+        posterior, [traced_plan(posterior)], draws=draws, random_seed=seed, progress=False
+    )
+    step_time = fc["step_time_s"] if "step_time_s" in fc else fc.to_dataset()["step_time_s"]
+    pred = step_time.isel(plan=0).to_numpy().reshape(-1)
+    return HeldoutPrediction([(pred, rank_step_times(heldout))], unit="step_time_s")
+
+
+def is_step_table(table: pd.DataFrame) -> bool:
+    """True when every row times a whole step (``kernel_class == "step"``)."""
+    return bool((table["kernel_class"] == "step").all())
+
+
+def predict_heldout(
+    method: str,
+    posterior: xr.DataTree | None,
+    fit_table: pd.DataFrame,
+    heldout: pd.DataFrame,
+    *,
+    draws: int,
+    rng: np.random.Generator,
+    seed: int = 0,
+) -> HeldoutPrediction:
+    """Predictive draws of the held-out observations under one method.
+
+    Kernel tables: every held-out row's duration (µs), :func:`predict_rows` on ``posterior``
+    (the bayesprism fit or a baseline's degenerate posterior). Step tables: the step time (s)
+    at each held-out layout (:func:`predict_step_layouts`).
+    """
+    if is_step_table(heldout):
+        return predict_step_layouts(
+            method, posterior, fit_table, heldout, draws=draws, rng=rng, seed=seed
+        )
+    rows = heldout.loc[heldout["kernel_class"] != "step"]
+    pred, predictable = predict_rows(posterior, rows, draws=draws, rng=rng)
+    observed = rows["duration_us"].to_numpy(dtype=float)[predictable]
+    skipped = {}
+    if (~predictable).any():
+        skipped["kernel without kernel_log_median"] = int((~predictable).sum())
+    if (heldout["kernel_class"] == "step").any():
+        skipped["step rows in a kernel table"] = int((heldout["kernel_class"] == "step").sum())
+    if observed.size == 0:
+        raise InputError(
+            Problem(
+                "validate",
+                "kernel",
+                "no held-out row has a fitted kernel",
+                len(rows),
+                rows["kernel"].astype(str).iloc[0] if len(rows) else None,
+            )
+        )
+    return HeldoutPrediction([(pred, observed)], unit="duration_us", skipped=skipped)
+
+
+# --------------------------------------------------------------------------------------------
+# validate
+
+
+def concat_tables(tables: pd.DataFrame | Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """One trace table from several, run metadata merged, skip counts added, notes joined."""
+    if isinstance(tables, pd.DataFrame):
+        return tables
+    tables = list(tables)
+    if len(tables) == 1:
+        return tables[0]
+    from pandas.api.types import union_categoricals
+
+    columns = list(dict.fromkeys(c for t in tables for c in t.columns))
+    aligned = []
+    for col in columns:
+        series = [t[col] if col in t.columns else pd.Series(pd.NA, index=t.index) for t in tables]
+        if all(isinstance(s.dtype, pd.CategoricalDtype) for s in series):
+            aligned.append(pd.Series(union_categoricals(series, ignore_order=True), name=col))
+        else:
+            aligned.append(pd.concat(series, ignore_index=True).rename(col))
+    out = pd.concat(aligned, axis=1)
+    attrs = copy.deepcopy(dict(tables[0].attrs))
+    for table in tables[1:]:
+        attrs.setdefault("runs", {}).update(copy.deepcopy(table.attrs.get("runs", {})))
+        for reason, count in table.attrs.get("skipped", {}).items():
+            attrs.setdefault("skipped", {})[reason] = attrs["skipped"].get(reason, 0) + count
+        attrs["notes"] = [*attrs.get("notes", []), *table.attrs.get("notes", [])]
+    out.attrs = attrs
+    return out
+
+
+def fit_bayesprism(
+    table: pd.DataFrame,
+    model: str | None,
+    *,
+    draws: int,
+    tune: int,
+    chains: int,
+    seed: int,
+    progress: bool,
+) -> xr.DataTree:
+    """bayesprism's fit of ``table`` (spec ``model``, or the step spec for step tables)."""
+    from bayesprism.inference import fit
+
+    spec = model if model is not None else ("step" if is_step_table(table) else None)
+    return fit(
+        table, spec, draws=draws, tune=tune, chains=chains, random_seed=seed, progress=progress
+    )
+
+
+def validate(
+    fit_tables: pd.DataFrame | Sequence[pd.DataFrame],
+    heldout_tables: pd.DataFrame | Sequence[pd.DataFrame] | None = None,
+    *,
+    model: str | None = None,
+    split: str | None = None,
+    fraction: float | None = None,
+    seed: int = 0,
+    draws: int = 500,
+    tune: int | None = None,
+    chains: int = 2,
+    methods: Sequence[str] = METHODS,
+    posterior: xr.DataTree | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Score bayesprism and the baselines on held-out measurements (method × metric).
+
+    Parameters
+    ----------
+    fit_tables
+        Trace table(s) to fit.
+    heldout_tables
+        Trace table(s) to predict. May be omitted when ``split`` is given: the held-out part is
+        then split off the fit tables (:func:`split_table` with ``fraction`` and ``seed``).
+    model
+        Named model spec for bayesprism (default: ``"default"`` for kernel tables, ``"step"``
+        for step tables).
+    split
+        ``"nodes"``, ``"gpus"``, ``"ranks"``, ``"steps"`` or ``"scale"``.
+    seed
+        Seed of the split, the fit and the predictive draws.
+    draws, tune, chains
+        Sampler settings of the bayesprism fit (``tune`` defaults to ``draws``); ``draws`` is
+        also the number of predictive draws per held-out row.
+    methods
+        Any of ``"bayesprism"``, ``"pooled"``, ``"deterministic"``.
+    posterior
+        An existing bayesprism fit of ``fit_tables`` to use instead of fitting.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Index ``method``; columns :data:`bayesprism.metrics.METRICS` plus ``n_observed``.
+        ``attrs`` hold ``pit`` (method → PIT values), ``skipped`` (method → reason → count),
+        ``unit`` and ``split``.
+    """
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise InputError(
+            Problem(
+                "validate", "methods", f"choose from {', '.join(METHODS)}", len(unknown), unknown[0]
+            )
+        )
+    fit_table = concat_tables(fit_tables)
+    if heldout_tables is None:
+        if split is None:
+            raise InputError(
+                Problem("validate", "heldout", "give held-out tables or a split of the fit tables")
+            )
+        fit_table, heldout = split_table(fit_table, split, fraction=fraction, seed=seed)
+    else:
+        heldout = concat_tables(heldout_tables)
+    rng = np.random.default_rng(seed)
+    if "bayesprism" in methods and posterior is None:
+        posterior = fit_bayesprism(
+            fit_table,
+            model,
+            draws=draws,
+            tune=tune or draws,
+            chains=chains,
+            seed=seed,
+            progress=progress,
+        )
+    rows, pits, skipped, unit = [], {}, {}, None
+    for method in methods:
+        if method == "bayesprism" or is_step_table(fit_table):
+            used = posterior if method == "bayesprism" else None
+        else:
+            used = degenerate_posterior(fit_table, method, reference=posterior)
+        prediction = predict_heldout(
+            method, used, fit_table, heldout, draws=draws, rng=rng, seed=seed
+        )
+        rows.append(
+            {"method": method, **prediction.scores(rng), "n_observed": prediction.n_observed}
+        )
+        pits[method] = prediction.pit()
+        skipped[method] = prediction.skipped
+        unit = prediction.unit
+    table = pd.DataFrame(rows).set_index("method")
+    table.attrs = {
+        "pit": pits,
+        "skipped": skipped,
+        "unit": unit,
+        "split": heldout.attrs.get("split"),
+    }
+    return table
+
+
+# --------------------------------------------------------------------------------------------
+# slowest of k GPUs
+
+
+def _gpus_per_node(table: pd.DataFrame) -> int:
+    per_node = table.groupby(table["node"].astype(str))["gpu"].nunique()
+    return int(per_node.max())
+
+
+def predicted_slowest(
+    posterior: xr.DataTree,
+    heldout: pd.DataFrame,
+    ks: Sequence[int],
+    *,
+    draws: int,
+    rng: np.random.Generator,
+    kernel: str | None = None,
+) -> dict[int, np.ndarray]:
+    """Draws of the slowest of k new GPUs (one run each), for each k.
+
+    The k GPUs sit on ``ceil(k / gpus_per_node)`` new nodes (``gpus_per_node`` as in
+    ``heldout``); each runs ``kernel`` (default: the most frequent held-out kernel) once, at its
+    own time (independent step effects), like a benchmark run on each GPU. New nodes are placed
+    in cabinets picked at random among the fitted ones when the posterior has cabinets.
+    """
+    kernel = kernel or str(heldout["kernel"].astype(str).value_counts().index[0])
+    klass = str(heldout.loc[heldout["kernel"].astype(str) == kernel, "kernel_class"].iloc[0])
+    gpn = _gpus_per_node(heldout)
+    post = posterior["posterior"]
+    cabinets = (
+        post["cabinet_effect"].coords["cabinet"].to_numpy().astype(str)
+        if "cabinet_effect" in post
+        else None
+    )
+    out = {}
+    for k in ks:
+        n_nodes = math.ceil(k / gpn)
+        gpu = np.arange(k)
+        rows = pd.DataFrame(
+            {
+                "run": "new",
+                "step": gpu,
+                "node": [f"new-node-{i // gpn}" for i in gpu],
+                "gpu": gpu % gpn,
+                "kernel": kernel,
+                "kernel_class": klass,
+            }
+        )
+        if cabinets is not None:
+            rows["cabinet"] = rng.choice(cabinets, n_nodes)[gpu // gpn]
+        pred, _ = predict_rows(posterior, rows, draws=draws, rng=rng)
+        out[int(k)] = pred.max(axis=1)
+    return out
+
+
+def resampled_slowest(
+    heldout: pd.DataFrame,
+    ks: Sequence[int],
+    *,
+    resamples: int,
+    rng: np.random.Generator,
+    kernel: str | None = None,
+) -> dict[int, np.ndarray]:
+    """The slowest of k held-out GPUs by resampling: ``ceil(k/gpn)`` held-out nodes drawn with
+    replacement, their first k GPUs, one random run of ``kernel`` on each; the maximum."""
+    kernel = kernel or str(heldout["kernel"].astype(str).value_counts().index[0])
+    rows = heldout.loc[heldout["kernel"].astype(str) == kernel]
+    gpn = _gpus_per_node(heldout)
+    values = rows["duration_us"].to_numpy(dtype=float)
+    nodes = rows["node"].astype(str).to_numpy()
+    gpus = rows["gpu"].to_numpy()
+    by_gpu = pd.Series(np.arange(len(rows))).groupby([nodes, gpus]).apply(np.asarray)
+    node_gpus: dict[str, list[np.ndarray]] = {}
+    for (node, _), idx in by_gpu.items():
+        node_gpus.setdefault(node, []).append(idx)
+    names = sorted(node_gpus)
+    out = {}
+    for k in ks:
+        maxima = np.empty(resamples)
+        for r in range(resamples):
+            chosen = rng.choice(len(names), math.ceil(k / gpn))
+            pools = [p for i in chosen for p in node_gpus[names[i]]][:k]
+            maxima[r] = max(values[rng.choice(p)] for p in pools)
+        out[int(k)] = maxima
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# figure
+
+
+def plot_pit_histogram(
+    pits: dict[str, np.ndarray], path, *, bins: int = 10, title: str | None = None
+):
+    """Histogram of PIT values per method (flat = calibrated), written to ``path``.
+
+    Lives here until ``bayesprism.plots`` has a PIT figure; it draws only what it is given.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(
+        1, len(pits), figsize=(3.2 * len(pits), 2.8), squeeze=False, sharey=True
+    )
+    for ax, (method, values) in zip(axes[0], pits.items(), strict=True):
+        ax.hist(values, bins=bins, range=(0, 1), density=True, color="#4c72b0", edgecolor="white")
+        ax.axhline(1.0, color="black", lw=1, ls="--")
+        ax.set_title(method)
+        ax.set_xlabel("PIT")
+    axes[0][0].set_ylabel("density")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,217 @@
+"""Kineto reader and ``read_traces`` on the hand-written golden traces and the real traces."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bayesprism import read_traces, schema
+from bayesprism.errors import IngestWarning, TraceFormatError
+from bayesprism.ingest import ingest_to_parquet
+from bayesprism.ingest.kineto import read_kineto
+
+GOLDEN = Path(__file__).parent / "data" / "kineto_golden"
+GOLDEN_FILES = sorted(GOLDEN.glob("*.pt.trace.json"))
+GEMM = "cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>"
+ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+MEMCPY = "Memcpy HtoD (Pinned -> Device)"
+
+
+def test_golden_table():
+    df = read_traces(GOLDEN_FILES, progress=False)
+    got = df[["rank", "node", "gpu", "step", "kernel", "kernel_class", "duration_us", "start_us",
+              "stream", "occurrence", "bytes", "dtype", "group_size", "process_group", "wait_us",
+              "transfer_us", "source"]].astype(object)
+    got = got.sort_values(["rank", "start_us"]).reset_index(drop=True)
+    nan = np.nan
+    a, b = GOLDEN_FILES[0].name, GOLDEN_FILES[1].name
+    rows = [
+        # rank node gpu step kernel class dur start stream occ bytes dtype gs pg wait transfer
+        (0, "hostA", 0, 7, MEMCPY, "memcpy", 10.0, 1050.0, 22, 0, nan, nan, nan, nan, nan, nan, a),
+        (0, "hostA", 0, 7, GEMM, "gemm", 50.0, 1100.0, 7, 0, nan, nan, nan, nan, nan, nan, a),
+        (0, "hostA", 0, 7, GEMM, "gemm", 40.0, 1160.0, 7, 1, nan, nan, nan, nan, nan, nan, a),
+        (0, "hostA", 0, 7, ALLREDUCE, "allreduce", 100.0, 1210.0, 20, 0, 4000.0, "float32", 2, "0",
+         40.0, 60.0, a),
+        (0, "hostA", 0, 7, ALLREDUCE, "allreduce", 30.0, 1320.0, 20, 1, 4000.0, "float32", 2, "0",
+         10.0, 20.0, a),
+        (1, "hostB", 1, 7, GEMM, "gemm", 80.0, 1100.0, 7, 0, nan, nan, nan, nan, nan, nan, b),
+        (1, "hostB", 1, 7, GEMM, "gemm", 45.0, 1185.0, 7, 1, nan, nan, nan, nan, nan, nan, b),
+        (1, "hostB", 1, 7, ALLREDUCE, "allreduce", 60.0, 1250.0, 20, 0, 4000.0, "float32", 2, "0",
+         0.0, 60.0, b),
+        (1, "hostB", 1, 7, ALLREDUCE, "allreduce", 20.0, 1360.0, 20, 1, 4000.0, "float32", 2, "0",
+         0.0, 20.0, b),
+    ]
+    expected = pd.DataFrame(rows, columns=got.columns).astype(object)
+    got = got.map(lambda v: np.nan if v is pd.NA or (isinstance(v, float) and np.isnan(v)) else v)
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+    assert set(df["run"]) == {"kineto_golden"}
+    assert df.attrs["skipped"] == {"kernel with zero or negative duration": 1,
+                                   "kernel outside any ProfilerStep": 1}
+    run = df.attrs["runs"]["kineto_golden"]
+    assert run["world_size"] == 2 and run["platform"] == "Test GPU"
+    assert [Path(p).name for p in run["source_files"]] == [a, b]
+    assert any("ended before the last one started" in n for n in df.attrs["notes"])
+
+
+def test_golden_parquet_round_trip_equals_in_memory(tmp_path):
+    summary = ingest_to_parquet(GOLDEN_FILES, tmp_path / "t.parquet", progress=False)
+    back = schema.read_table(tmp_path / "t.parquet")
+    mem = read_traces(GOLDEN_FILES, progress=False)
+    assert summary["rows"] == len(back) == len(mem) == 9
+    cols = ["rank", "step", "kernel", "occurrence", "duration_us", "wait_us", "transfer_us"]
+    key = ["rank", "start_us"]
+    pd.testing.assert_frame_equal(
+        back.sort_values(key)[cols].reset_index(drop=True).astype(object),
+        mem.sort_values(key)[cols].reset_index(drop=True).astype(object))
+    assert back.attrs["skipped"] == mem.attrs["skipped"]
+    assert back.attrs["notes"] == mem.attrs["notes"]
+    assert back.attrs["runs"]["kineto_golden"]["world_size"] == 2
+
+
+def test_node_from_rank_when_no_host_warns(tmp_path):
+    data = json.loads(GOLDEN_FILES[0].read_text())
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(data))
+    with pytest.warns(IngestWarning, match=r"node taken as rank // 4 \(4 GPUs per node from "
+                      r"gpus_per_node\)"):
+        df, report = read_kineto(path, gpus_per_node=4)
+    assert set(df["node"]) == {"node0"}
+    df, _ = read_kineto(path, rank_to_node={0: "n17"})
+    assert set(df["node"]) == {"n17"}
+
+
+def test_missing_distributed_info_uses_rank_option(tmp_path):
+    data = json.loads(GOLDEN_FILES[0].read_text())
+    del data["distributedInfo"]
+    path = tmp_path / "hostA_1.1.pt.trace.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(TraceFormatError, match="distributedInfo: missing"):
+        read_kineto(path)
+    df, report = read_kineto(path, rank=3, world_size=4)
+    assert set(df["rank"]) == {3} and report["world_size"] == 4
+    assert "taken from the options" in report["notes"][0]
+
+
+# --- the real traces -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dlrm(shared_data):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IngestWarning)
+        return read_traces(shared_data / "kineto" / "param_dlrm_8rank", progress=False)
+
+
+def test_dlrm_ranks_steps_and_kernels(dlrm):
+    assert sorted(dlrm["rank"].unique()) == list(range(8))
+    assert set(dlrm["step"]) == {10}
+    assert set(dlrm["gpu"]) == set(range(8))
+    assert dlrm.groupby("rank")["gpu"].first().tolist() == list(range(8))
+    kernels = dlrm[~dlrm["kernel"].astype(str).str.startswith(("Memcpy", "Memset"))]
+    per_rank = kernels.groupby("rank").size()
+    assert per_rank.between(245, 315).all()
+    # 2,104 kernel events in the 8 files; 128 (on ranks 1 and 3) were launched before the window.
+    assert per_rank.sum() + dlrm.attrs["skipped"]["kernel outside any ProfilerStep"] == 2104
+    assert dlrm.attrs["runs"]["param_dlrm_8rank"]["world_size"] == 8
+    assert dlrm.attrs["runs"]["param_dlrm_8rank"]["platform"] == "Tesla V100-SXM2-32GB"
+    # Hand-chosen file names (worker<r>_step_12) are not host names: node from rank // 8.
+    assert set(dlrm["node"]) == {"node0"}
+    classes = set(dlrm["kernel_class"])
+    assert {"sendrecv", "allreduce", "gemm", "elementwise", "memcpy", "other"} <= classes
+    assert dlrm.attrs["skipped"]["file of unrecognised format (found in a directory)"] == 1
+
+
+def test_dlrm_wait_transfer_split(dlrm):
+    coll = dlrm[dlrm["kernel_class"].isin(["sendrecv", "allreduce"])]
+    assert len(coll) == 8 * 8  # 5 SendRecv + 3 AllReduce per rank
+    assert coll["wait_us"].notna().all() and coll["transfer_us"].notna().all()
+    np.testing.assert_allclose(coll["wait_us"] + coll["transfer_us"], coll["duration_us"])
+    assert (coll["wait_us"] >= 0).all() and (coll["transfer_us"] >= 0).all()
+    inst = coll.groupby(["kernel", "occurrence"], observed=True)
+    assert (inst["wait_us"].min() == 0).all()  # the last arriver waits 0
+    assert (inst.size() == 8).all()
+    # The first SendRecv: rank 1 arrived first and waited longest (7,635 µs kernel, 11 µs transfer).
+    first = coll[(coll["kernel_class"] == "sendrecv") & (coll["occurrence"] == 0)].set_index("rank")
+    assert first.loc[1, "wait_us"] == first["wait_us"].max() == 7624.0
+    assert first.loc[7, "wait_us"] == 0.0
+
+
+# (file, rank, world size, steps, GPU kernels) from the data README.
+HTA_FILES = [
+    ("trace_filter/sampled_rank-0.json.gz", 0, 128, [551, 552], 1154),
+    ("trace_filter/sampled_rank-1.json.gz", 1, 128, [551, 552], 1104),
+    ("nccl_parser_config/nccl_data.json.gz", 0, 2, [4, 5, 6], 2700),
+    ("negative_queue_length_values_check/rank0.json.gz", 0, 16, [550, 551, 552, 553, 554], 6080),
+    ("trace_diff/control/control.json.gz", 3, 8, [1009, 1010, 1011, 1012, 1013, 1014], 8568),
+    ("ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", 0, 1,
+     [101, 102, 103, 104, 105], 4350),
+]
+
+
+@pytest.mark.parametrize(("name", "rank", "world", "steps", "kernels"), HTA_FILES)
+def test_hta_traces(shared_data, name, rank, world, steps, kernels):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IngestWarning)
+        df, report = read_kineto(shared_data / "kineto" / "hta" / name)
+    assert set(df["rank"]) == {rank}
+    assert report["world_size"] == world
+    assert sorted(df["step"].unique()) == steps
+    assert report["kernel_events"] == kernels
+    n_kernel_rows = (~df["kernel"].astype(str).str.startswith(("Memcpy", "Memset"))).sum()
+    # rank0 of negative_queue_length_values_check: 705 kernels launched before the first step.
+    assert n_kernel_rows == kernels - (705 if "negative_queue" in name else 0)
+    assert (df["duration_us"] > 0).all()
+    assert df["kernel_class"].isin(schema.KERNEL_CLASSES).all()
+    assert (df.groupby(["step", "kernel"], observed=True)["occurrence"].max() + 1
+            == df.groupby(["step", "kernel"], observed=True).size()).all()
+
+
+def test_hta_nccl_args_give_bytes_group_and_process_group(shared_data):
+    df, _ = read_kineto(shared_data / "kineto/hta/nccl_parser_config/nccl_data.json.gz",
+                        gpus_per_node=8)
+    ar = df[df["kernel_class"] == "allreduce"]
+    assert len(ar) == 15 and (df["kernel_class"] == "broadcast").sum() == 6
+    assert set(ar["group_size"]) == {2} and set(ar["process_group"]) == {"0"}
+    assert set(ar["dtype"]) == {"float32"}
+    # "In msg nelems": 6,637,568 floats -> 26,550,272 bytes on the first AllReduce.
+    assert 6637568 * 4 in set(ar["bytes"])
+
+
+def test_ns_resolution_trace_keeps_fractional_microseconds(shared_data):
+    df, report = read_kineto(
+        shared_data / "kineto/hta/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz")
+    assert (df["duration_us"] % 1 != 0).any()
+    assert set(df["node"]) == {"twshared39868.02.pnb3.facebook.com"}  # host_name metadata
+    assert report["run_meta"]["platform"] == "Tesla V100-SXM2-32GB"
+
+
+def test_all_shared_traces_with_one_call(shared_data, tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IngestWarning)
+        df = read_traces(shared_data / "kineto", progress=False)
+    assert set(df["run"]) == {"param_dlrm_8rank", "trace_filter", "nccl_parser_config",
+                              "negative_queue_length_values_check", "control",
+                              "ns_resolution_trace"}
+    notes = "\n".join(df.attrs["notes"])
+    assert "run control: wait/transfer split of collectives not possible: only one rank" in notes
+    assert "run trace_filter: wait/transfer split left empty for 20 collective rows" in notes
+    split = df[df["run"] == "param_dlrm_8rank"]["transfer_us"].notna().sum()
+    assert split == 64 and df["transfer_us"].notna().sum() == 64
+
+
+def test_gzip_and_plain_json_give_the_same_rows(tmp_path):
+    src = GOLDEN_FILES[0]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    shutil.copy(src, tmp_path / "a" / src.name)
+    (tmp_path / "b" / (src.name + ".gz")).write_bytes(gzip.compress(src.read_bytes()))
+    d1, _ = read_kineto(tmp_path / "a" / src.name, run="r")
+    d2, _ = read_kineto(tmp_path / "b" / (src.name + ".gz"), run="r")
+    pd.testing.assert_frame_equal(d1.drop(columns="source"), d2.drop(columns="source"))

@@ -1,0 +1,98 @@
+"""Scores of predictive draws against held-out values: hand-computed and closed-form cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from bayesprism import metrics
+
+
+def normal_crps(mu: float, sigma: float, y: float) -> float:
+    """Closed form: σ[z(2Φ(z) − 1) + 2φ(z) − 1/√π], z = (y − µ)/σ."""
+    z = (y - mu) / sigma
+    return sigma * (z * (2 * stats.norm.cdf(z) - 1) + 2 * stats.norm.pdf(z) - 1 / np.sqrt(np.pi))
+
+
+def test_ks_of_two_known_samples():
+    # ECDFs differ by 1/2 at x = 2 (0.5 vs 0) and at x = 4 (1 vs 0.5), never more.
+    assert metrics.ks_distance([1, 2, 3, 4], [3, 4, 5, 6]) == pytest.approx(0.5)
+    assert metrics.ks_distance([1, 2], [3, 4]) == pytest.approx(1.0)
+    assert metrics.ks_distance([1, 2, 3], [1, 2, 3]) == pytest.approx(0.0)
+
+
+def test_coverage_hand_computed():
+    draws = np.arange(1.0, 101.0)  # 50% interval [25.75, 75.25], 90% interval [5.95, 95.05]
+    observed = [0.0, 30.0, 50.0, 80.0, 100.0]
+    assert metrics.interval_coverage(draws, observed, 0.5) == pytest.approx(2 / 5)
+    assert metrics.interval_coverage(draws, observed, 0.9) == pytest.approx(3 / 5)
+
+
+def test_coverage_of_a_known_normal():
+    rng = np.random.default_rng(1)
+    draws = stats.norm.ppf((np.arange(20_000) + 0.5) / 20_000)
+    observed = rng.standard_normal(20_000)
+    assert metrics.interval_coverage(draws, observed, 0.5) == pytest.approx(0.5, abs=0.015)
+    assert metrics.interval_coverage(draws, observed, 0.9) == pytest.approx(0.9, abs=0.01)
+    # A forecast half as wide covers P(|Z| < 0.5·0.6745) = 0.26 at the 50% level.
+    assert metrics.interval_coverage(0.5 * draws, observed, 0.5) == pytest.approx(
+        2 * stats.norm.cdf(0.5 * 0.67449) - 1, abs=0.015
+    )
+
+
+@pytest.mark.parametrize("y", [-3.0, 0.3, 1.0, 4.5])
+def test_sample_crps_matches_normal_closed_form(y):
+    mu, sigma = 1.0, 2.0
+    draws = mu + sigma * stats.norm.ppf((np.arange(200_000) + 0.5) / 200_000)
+    assert metrics.crps(draws, [y]) == pytest.approx(normal_crps(mu, sigma, y), rel=2e-3)
+
+
+def test_crps_equals_brute_force_pairs_and_both_layouts_agree():
+    rng = np.random.default_rng(2)
+    draws = rng.gamma(2.0, size=301)
+    observed = np.array([0.1, 1.7, 2.0, 9.0])
+    brute = np.abs(draws[:, None] - observed).mean(0) - 0.5 * np.abs(
+        draws[:, None] - draws[None, :]
+    ).mean()
+    np.testing.assert_allclose(metrics.crps_values(draws, observed), brute, rtol=1e-12)
+    per_column = np.repeat(draws[:, None], observed.size, axis=1)
+    np.testing.assert_allclose(metrics.crps_values(per_column, observed), brute, rtol=1e-12)
+
+
+def test_crps_of_a_point_forecast_is_the_absolute_error():
+    assert metrics.crps([2.0, 2.0, 2.0], [5.0, 1.5]) == pytest.approx((3.0 + 0.5) / 2)
+
+
+def test_quantile_errors_are_signed_relative():
+    draws = np.arange(1.0, 102.0)  # median 51, p95 96
+    observed = np.arange(0.0, 101.0)  # median 50, p95 95
+    assert metrics.quantile_error(draws, observed, 0.5) == pytest.approx(1 / 50)
+    assert metrics.quantile_error(draws, observed, 0.95) == pytest.approx(1 / 95)
+    assert metrics.quantile_error(observed, draws, 0.5) == pytest.approx(-1 / 51)
+
+
+def test_pit_uniform_for_a_calibrated_forecast_and_u_shaped_when_too_narrow():
+    rng = np.random.default_rng(3)
+    draws = rng.lognormal(0.0, 0.3, size=4000)
+    observed = rng.lognormal(0.0, 0.3, size=3000)
+    pit = metrics.pit_values(draws, observed)
+    assert stats.kstest(pit, "uniform").statistic < 0.035
+    narrow = metrics.pit_values(rng.lognormal(0.0, 0.1, size=4000), observed)
+    outer = np.mean((narrow < 0.1) | (narrow > 0.9))
+    assert outer > 0.5  # a calibrated forecast puts 20% there
+
+
+def test_pit_hand_computed_with_ties():
+    assert metrics.pit_values([1, 2, 2, 3], [2, 0, 5]).tolist() == [0.5, 0.0, 1.0]
+    per_column = np.array([[1, 0], [2, 0], [2, 9], [3, 9]])
+    assert metrics.pit_values(per_column, [2, 0]).tolist() == [0.5, 0.25]
+
+
+def test_score_has_every_metric_and_rejects_bad_shapes():
+    result = metrics.score(np.arange(1.0, 101.0), [30.0, 50.0])
+    assert tuple(result) == metrics.METRICS
+    with pytest.raises(ValueError, match="3 columns but there are 2 observations"):
+        metrics.score(np.ones((10, 3)), [1.0, 2.0])
+    with pytest.raises(ValueError, match="finite"):
+        metrics.score([1.0, np.nan], [1.0])

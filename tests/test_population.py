@@ -1,0 +1,114 @@
+"""Populations of new units: draws, tail quantiles and the max over units, against scipy.stats."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+from scipy import stats
+
+from bayesprism.population import (
+    draw_effects,
+    draw_max_effects,
+    max_quantile,
+    population_cdf,
+    population_family,
+    population_quantile,
+)
+
+
+def _posterior(family: str, **params) -> xr.Dataset:
+    """A posterior Dataset with 2 chains x 3 draws of the given scalar parameters."""
+    data = {
+        name: (("chain", "draw"), np.asarray(v, dtype=float).reshape(2, 3))
+        for name, v in params.items()
+    }
+    # every real posterior has chain/draw dims; a loading supplies them for the normal family
+    data["node_scale"] = (("chain", "draw"), np.full((2, 3), 0.1))
+    return xr.Dataset(data, attrs={"node_population": family})
+
+
+NU = [2.5, 3.0, 5.0, 10.0, 30.0, 4.0]
+W = [0.01, 0.02, 0.05, 0.1, 0.0, 0.3]
+SHIFT = [3.0, 4.0, 2.0, 6.0, 1.0, 0.5]
+
+
+def test_family_is_read_from_attrs_and_missing_level_is_a_key_error():
+    post = _posterior("student_t", node_nu=NU)
+    assert population_family(post, "node") == "student_t"
+    with pytest.raises(KeyError, match="gpu_population"):
+        population_family(post, "gpu")
+    bad = post.assign_attrs(node_population="cauchy")
+    with pytest.raises(ValueError, match="cauchy"):
+        population_family(bad, "node")
+
+
+def test_datatree_is_accepted_with_family_on_root():
+    post = _posterior("normal")
+    tree = xr.DataTree.from_dict({"posterior": post.assign_attrs({})})
+    tree.attrs["node_population"] = "normal"
+    assert draw_effects(tree, "node", 4, np.random.default_rng(0)).shape == (6, 4)
+
+
+@pytest.mark.parametrize("family", ["normal", "student_t", "mixture"])
+def test_draws_follow_each_posterior_draws_population(family):
+    post = _posterior(family, node_nu=NU, node_slow_weight=W, node_slow_shift=SHIFT)
+    rng = np.random.default_rng(1)
+    z = draw_effects(post, "node", 40_000, rng)
+    assert z.shape == (6, 40_000)
+    for i in range(6):
+        if family == "normal":
+            ref = stats.norm()
+            cdf = ref.cdf
+        elif family == "student_t":
+            cdf = stats.t(NU[i]).cdf
+        else:
+            w, s = W[i], SHIFT[i]
+            def cdf(x, w=w, s=s):
+                return (1 - w) * stats.norm.cdf(x) + w * stats.norm.cdf(x - s)
+        assert stats.kstest(z[i], cdf).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("family", ["normal", "student_t", "mixture"])
+def test_quantile_inverts_cdf_and_matches_scipy(family):
+    post = _posterior(family, node_nu=NU, node_slow_weight=W, node_slow_shift=SHIFT)
+    q = np.array([0.01, 0.5, 0.9, 0.999, 1 - 1e-9])
+    x = population_quantile(post, "node", q)
+    assert x.shape == (6, 5)
+    # each draw's CDF evaluated at that draw's own quantiles
+    cdf = np.stack([population_cdf(post, "node", x[i])[i] for i in range(6)])
+    assert np.allclose(cdf, q[None, :], rtol=0, atol=1e-10)
+    if family == "student_t":
+        expected = np.array([stats.t(nu).ppf(q) for nu in NU])
+        assert np.allclose(x, expected, rtol=1e-8)
+    if family == "normal":
+        assert np.allclose(x, stats.norm.ppf(q)[None, :], rtol=1e-10)
+
+
+@pytest.mark.parametrize("family", ["normal", "student_t", "mixture"])
+def test_max_quantile_and_max_draws_agree_with_brute_force(family):
+    post = _posterior(family, node_nu=NU, node_slow_weight=W, node_slow_shift=SHIFT)
+    n_units = 500
+    rng = np.random.default_rng(2)
+    brute = np.stack(
+        [draw_effects(post, "node", n_units, rng).max(axis=1) for _ in range(2000)], axis=1
+    )
+    fast = draw_max_effects(post, "node", n_units, rng, size=2000)
+    q50 = max_quantile(post, "node", n_units, 0.5)
+    for i in range(6):
+        assert stats.ks_2samp(brute[i], fast[i]).pvalue > 1e-3
+        assert abs(np.mean(brute[i] <= q50[i]) - 0.5) < 0.05
+
+
+def test_max_quantile_of_normal_is_exact_for_huge_n():
+    post = _posterior("normal")
+    n = 100_000
+    x = max_quantile(post, "node", n, 0.5)
+    # P(max <= x) = Phi(x)^n must be 0.5
+    assert np.allclose(stats.norm.cdf(x) ** n, 0.5, rtol=1e-9)
+
+
+def test_heavier_tail_gives_larger_maximum():
+    post = _posterior("student_t", node_nu=[3, 3, 3, 30, 30, 30])
+    m = max_quantile(post, "node", 10_000, 0.5)
+    assert (m[:3] > m[3:] + 1.0).all()

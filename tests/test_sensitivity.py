@@ -1,0 +1,117 @@
+"""Sensitivity: the ranking comes from the composed step time, with known answers."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from analysis_builders import make_posterior
+
+from bayesprism.cli.sensitivity import format_table
+from bayesprism.errors import InputError
+from bayesprism.plan import ParallelPlan, PlanWarning
+from bayesprism.sensitivity import sensitivity, thin_draws
+
+pytestmark = pytest.mark.filterwarnings("ignore::bayesprism.plan.PlanWarning")
+
+
+def _plan(**kw) -> ParallelPlan:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)
+        return ParallelPlan(gpus_per_node=2, **kw)
+
+
+def _entry(result: dict, factor: str, level: str) -> dict:
+    (entry,) = [e for e in result["contributions"] if (e["factor"], e["level"]) == (factor, level)]
+    return entry
+
+
+@pytest.fixture(scope="module")
+def noisy_posterior():
+    """GEMM: most of the work, GPU x step spread 0.1. Norm: 1% of the work, spread 0.5 (5x the
+    CV of GEMM). AllReduce: noise 0.5 and congestion 0.8 (the largest spread of all)."""
+    return make_posterior(
+        draws=20,
+        scales={"gpustep": {"gemm": 0.1, "norm": 0.5}},
+        coll_noise={"allreduce": 0.5},
+        coll_congestion={"allreduce": 0.8},
+    )
+
+
+def test_critical_path_class_dominates_an_overlapped_high_variance_class(noisy_posterior):
+    plan = _plan(dp=4, microbatches=2, overlap=1.0)  # gradient AllReduce fully hidden
+    result = sensitivity(noisy_posterior, plan, draws=20, replicates=64)
+    ranked = [(e["factor"], e["level"]) for e in result["contributions"] if e["factor"] != "all"]
+    assert ranked[0] == ("gemm", "gpustep")
+    gemm = _entry(result, "gemm", "gpustep")
+    assert gemm["p95_delta_ci90"][0] > 0
+    assert gemm["slowdown_p_delta"]["0.05"] > 0.5
+    # high variance is not high impact: the overlapped collective changes nothing at all ...
+    allreduce = _entry(result, "allreduce", "collective")
+    assert allreduce["p95_delta_s"] == 0.0 and allreduce["p95_delta_ci90"] == [0.0, 0.0]
+    # ... and the noisy but tiny norm class matters far less than GEMM
+    norm = _entry(result, "norm", "gpustep")
+    assert 0 < norm["p95_delta_s"] < 0.1 * gemm["p95_delta_s"]
+    # halving a small spread removes about half of the tail it causes
+    assert 0.35 < gemm["halved"]["p95_delta_s"] / gemm["p95_delta_s"] < 0.65
+    # sorted by impact, every source listed once
+    impacts = [abs(e["p95_delta_s"]) for e in result["contributions"]]
+    assert impacts == sorted(impacts, reverse=True)
+    assert len({(e["factor"], e["level"]) for e in result["contributions"]}) == len(impacts)
+    assert not _entry(result, "attention", "node")["composed"]
+
+
+def test_exposed_collective_takes_the_lead_when_not_overlapped(noisy_posterior):
+    result = sensitivity(noisy_posterior, _plan(dp=4, microbatches=2), draws=20, replicates=64)
+    ranked = [(e["factor"], e["level"]) for e in result["contributions"] if e["factor"] != "all"]
+    assert ranked[0] == ("allreduce", "collective")
+    assert _entry(result, "allreduce", "collective")["p95_delta_ci90"][0] > 0
+
+
+def test_p95_delta_of_a_shared_step_effect_matches_the_lognormal_quantile():
+    """One GPU, step effect of GEMM only: step = C exp(l w) with l = 0.2 x GEMM's work share."""
+    post = make_posterior(draws=10, scales={"step": {"gemm": 0.2}})
+    result = sensitivity(post, _plan(dp=1), draws=10, replicates=2000, random_seed=1)
+    compute_s, share = 0.0302, 20_000 / 30_200
+    expected = compute_s * (np.exp(0.2 * share * 1.6448536) - 1.0)
+    entry = _entry(result, "gemm", "step")
+    assert entry["p95_delta_s"] == pytest.approx(expected, rel=0.04)
+    assert result["base"]["ideal_step_time_s"] == pytest.approx(compute_s, rel=1e-9)
+    assert result["base"]["p95_s"] - entry["p95_delta_s"] == pytest.approx(compute_s, rel=1e-9)
+    assert entry["p95_share_of_excess"] == pytest.approx(1.0, rel=1e-9)
+
+
+def test_results_are_reproducible_with_a_seed(noisy_posterior):
+    plan = _plan(dp=4, microbatches=2)
+    first = sensitivity(noisy_posterior, plan, draws=5, replicates=8, random_seed=7)
+    again = sensitivity(noisy_posterior, plan, draws=5, replicates=8, random_seed=7)
+    other = sensitivity(noisy_posterior, plan, draws=5, replicates=8, random_seed=8)
+    assert first == again
+    assert first["base"]["p95_s"] != other["base"]["p95_s"]
+    assert first["draws"] == 5 and first["replicates"] == 8
+
+
+def test_thin_draws_keeps_evenly_spaced_draws_of_all_chains():
+    post = make_posterior(chains=2, draws=10, node_effect_sd=1.0)
+    thinned = thin_draws(post, 4)
+    group = thinned["posterior"]
+    assert dict(group.sizes)["chain"] == 1 and dict(group.sizes)["draw"] == 4
+    flat = post["posterior"]["node_effect"].to_numpy().reshape(20, -1)
+    np.testing.assert_array_equal(group["node_effect"].to_numpy()[0], flat[[0, 6, 13, 19]])
+
+
+def test_printed_table_lists_sources_with_spread(noisy_posterior):
+    result = sensitivity(noisy_posterior, _plan(dp=4), draws=3, replicates=4)
+    text = format_table(result, "dp4", top=3)
+    assert "allreduce       collective" in text
+    assert "sources have no spread in the posterior" in text
+
+
+def test_bad_input_is_refused():
+    post = make_posterior(draws=2)
+    with pytest.raises(InputError, match="arguments: draws: must be at least 1"):
+        sensitivity(post, _plan(dp=1), draws=0)
+    post.attrs["model_kind"] = "step"
+    with pytest.raises(InputError, match="model_kind: sensitivity needs a kernel-level posterior"):
+        sensitivity(post, _plan(dp=1))
