@@ -18,7 +18,7 @@ import numpy as np
 import xarray as xr
 
 from bayesprism.errors import InputError, Problem
-from bayesprism.placement import cluster_nodes, drained_cluster, place, rank_nodes, with_nodes
+from bayesprism.placement import place
 from bayesprism.sensitivity import (
     THRESHOLDS,
     PerDraw,
@@ -34,6 +34,7 @@ from bayesprism.sensitivity import (
     threshold_key,
     with_posterior_group,
 )
+from bayesprism.slots import cluster_nodes, drained_cluster, rank_nodes, with_nodes
 
 __all__ = ["Changes", "place", "sensitivity", "what_if"]
 

@@ -123,7 +123,7 @@ def degenerate_posterior(
         A bayesprism posterior fitted on the same table; its ``inventory`` group (the traced
         run's kernels, launches and plan) is copied, so compositions of the baseline and of the
         model describe the same step. Without it the inventory is built with
-        ``bayesprism.inventory`` when that module is available, else left out.
+        ``bayesprism.inventory.kernel_inventory``.
 
     Returns
     -------
@@ -133,7 +133,7 @@ def degenerate_posterior(
         (chain, draw, kernel_class) only: node, GPU, step and collective levels are absent.
     """
     from bayesprism import __version__
-    from bayesprism.schema import SCHEMA_VERSION
+    from bayesprism.io import ARTIFACT_SCHEMA_VERSION
 
     kernels, resid = kernel_point_estimates(table, method)
     kernel_names = kernels.index.to_numpy(dtype=str)
@@ -171,7 +171,7 @@ def degenerate_posterior(
     spec_json = json.dumps(spec, sort_keys=True)
     attrs = {
         "bayesprism_version": __version__,
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": ARTIFACT_SCHEMA_VERSION,
         "model_kind": "kernel",
         "spec": spec_json,
         "spec_hash": hashlib.sha256(spec_json.encode()).hexdigest()[:16],
@@ -200,14 +200,9 @@ def degenerate_posterior(
 def _inventory(table: pd.DataFrame, reference: xr.DataTree | None) -> xr.Dataset | None:
     if reference is not None and "inventory" in reference.children:
         return reference["inventory"].to_dataset()
-    try:
-        from bayesprism import inventory as inventory_module
-    except ImportError:
-        return None
-    builder = getattr(inventory_module, "build_inventory", None) or getattr(
-        inventory_module, "inventory", None
-    )
-    return builder(table) if callable(builder) else None
+    from bayesprism.inventory import kernel_inventory
+
+    return kernel_inventory(table)
 
 
 def step_slots(layout: dict) -> float:

@@ -1,24 +1,15 @@
-"""Convergence diagnostics and posterior predictive checks of a fitted posterior.
+"""Convergence diagnostics of a fitted posterior, and the tables its figures draw.
 
 ``diagnose(posterior)`` answers one question: can the fit be trusted? It collects R-hat, bulk
-and tail ESS (ArviZ), divergences and BFMI, and checks the model against the traced run it was
-fitted to: per kernel class, the observed cell means of log duration against their posterior
-predictive distribution (drawn here with NumPy from the posterior, no PyMC), and, when the
-composition is available, the traced step time against the composed prediction for the traced
-plan. It also prepares the tidy tables the plots and the report draw (variance components, unit
-effects), so that plotting code computes nothing.
-
-Cell statistics read from the fit (names as written by the kernel model; alternatives accepted):
-``observed_data.cell_mean`` (mean log duration in µs of one kernel × GPU × step cell),
-``constant_data.cell_count`` (launches in the cell) and the cell's unit indices
-``constant_data.cell_kernel``, ``cell_node``, ``cell_gpu_unit``, ``cell_step_unit``,
-``cell_cabinet`` (integer positions into the posterior coordinates, or the labels themselves).
+and tail ESS (ArviZ), divergences and BFMI, and runs the posterior predictive checks of
+``bayesprism.predictive_checks`` against the traced run (cell durations per kernel class, and
+the traced step time when the composition is available). It also prepares the tidy tables the
+plots and the report draw (variance components, unit effects, worst-mixing draws), so that
+plotting code computes nothing.
 """
 
 from __future__ import annotations
 
-import inspect
-import json
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -26,7 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import xarray as xr
-from scipy import stats
+
+from bayesprism.predictive_checks import cell_predictive_check, step_time_check
 
 SAMPLE_DIMS = ("chain", "draw")
 #: Levels of the kernel model with a per-class loading ``{level}_scale``; order used in tables.
@@ -39,24 +31,6 @@ UNIT_EFFECTS = {
 }
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
-_CELL_MEAN_NAMES = ("cell_mean", "mean_log", "cell_mean_log", "mean_log_duration")
-_CELL_COUNT_NAMES = ("cell_count", "cell_n", "n", "count")
-# (posterior coordinate dim, accepted names of the cell's index into it)
-_CELL_INDEX_NAMES = {
-    "kernel": ("cell_kernel", "kernel_idx", "kernel_index"),
-    "node": ("cell_node", "node_idx", "node_index"),
-    "gpu_unit": ("cell_gpu_unit", "gpu_unit_idx", "gpu_unit_index", "cell_gpu"),
-    "step_unit": ("cell_step_unit", "step_unit_idx", "step_unit_index", "cell_step"),
-    "cabinet": ("cell_cabinet", "cabinet_idx", "cabinet_index"),
-}
-# effect variable -> (its unit dim, the class loading that multiplies it)
-_EFFECT_TERMS = {
-    "node": ("node_effect", "node_scale"),
-    "gpu_unit": ("gpu_effect", "gpu_scale"),
-    "step_unit": ("step_effect", "step_scale"),
-    "cabinet": ("cabinet_effect", "cabinet_scale"),
-}
-
 
 @dataclass
 class DiagnosisReport:
@@ -67,7 +41,8 @@ class DiagnosisReport:
     ok
         True when no problem was found.
     max_rhat, min_ess_bulk, min_ess_tail
-        Worst values over all non-constant posterior elements (NaN when there are none).
+        Worst values over all non-constant posterior elements (NaN when there are none;
+        ``max_rhat`` is ``inf`` when a chain is stuck, written as ``null`` in JSON).
     divergences
         Number of divergent transitions after tuning.
     bfmi_min
@@ -189,10 +164,10 @@ def diagnose(
             "values) were left out of R-hat/ESS"
         )
     problems += _convergence_problems(table, rhat_max, min_ess)
-    finite = table.replace([np.inf, -np.inf], np.nan)
-    max_rhat = float(finite["r_hat"].max()) if len(table) else math.nan
-    min_bulk = float(finite["ess_bulk"].min()) if len(table) else math.nan
-    min_tail = float(finite["ess_tail"].min()) if len(table) else math.nan
+    # a stuck chain gives R-hat = inf: kept, it is the worst possible value
+    max_rhat = float(table["r_hat"].max()) if len(table) else math.nan
+    min_bulk = float(table["ess_bulk"].min()) if len(table) else math.nan
+    min_tail = float(table["ess_tail"].min()) if len(table) else math.nan
 
     divergences = _count_divergences(posterior)
     if divergences:
@@ -211,9 +186,8 @@ def diagnose(
         )
 
     rng = np.random.default_rng(random_seed)
-    ppc, ppc_values, ppc_note = cell_predictive_check(posterior, rng, max_draws=ppc_draws)
-    if ppc_note:
-        notes.append(ppc_note)
+    ppc, ppc_values, ppc_notes = cell_predictive_check(posterior, rng, max_draws=ppc_draws)
+    notes += ppc_notes
     for cls, numbers in ppc.items():
         if numbers["n_cells"] >= 10 and numbers["coverage_90"] < coverage_90_min:
             problems.append(
@@ -221,9 +195,8 @@ def diagnose(
                 f"observed {cls} cells (KS distance {numbers['ks_distance']:.2f}); the model "
                 "misfits this class: try --model robust or check the trace for outliers"
             )
-    step_check, step_note = step_time_check(posterior, rng)
-    if step_note:
-        notes.append(step_note)
+    step_check, step_notes = step_time_check(posterior, rng)
+    notes += step_notes
 
     return DiagnosisReport(
         ok=not problems,
@@ -280,9 +253,12 @@ def convergence_table(posterior: xr.DataTree) -> tuple[pd.DataFrame, int]:
     names = [v for v in post.data_vars if set(SAMPLE_DIMS) <= set(post[v].dims)]
     if not names:
         return pd.DataFrame(columns=["variable", "element", "r_hat", "ess_bulk", "ess_tail"]), 0
-    rhat = az.rhat(post, var_names=names)
-    bulk = az.ess(post, var_names=names, method="bulk")
-    tail = az.ess(post, var_names=names, method="tail")
+    with warnings.catch_warnings():
+        # constant or stuck elements divide by a zero within-chain variance; handled below
+        warnings.simplefilter("ignore", RuntimeWarning)
+        rhat = az.rhat(post, var_names=names)
+        bulk = az.ess(post, var_names=names, method="bulk")
+        tail = az.ess(post, var_names=names, method="tail")
     rows = []
     n_constant = 0
     for name in names:
@@ -318,7 +294,7 @@ def _convergence_problems(table: pd.DataFrame, rhat_max: float, min_ess: float) 
             lambda s: s > rhat_max,
             False,
             lambda v: (
-                f"R-hat {v:.3g} > {rhat_max}"
+                f"R-hat {_fmt_rhat(v)} > {rhat_max}"
                 if np.isfinite(v)
                 else "R-hat is infinite (a chain is stuck)"
             ),
@@ -347,6 +323,11 @@ def _convergence_problems(table: pd.DataFrame, rhat_max: float, min_ess: float) 
             more = f" (and {len(rows) - 1} more elements of {variable})" if len(rows) > 1 else ""
             problems.append(f"{what(float(worst[column]))} for {worst['element']}{more}; {advice}")
     return problems
+
+
+def _fmt_rhat(value: float) -> str:
+    """3 decimals near 1 (so 1.014 is not shown as 1.01), 3 significant digits when huge."""
+    return f"{value:.3f}" if value < 10 else f"{value:.3g}"
 
 
 def _count_divergences(posterior: xr.DataTree) -> int:
@@ -456,227 +437,12 @@ def unit_effects(posterior: xr.DataTree, level: str) -> pd.DataFrame:
     return frame.sort_values("q50", ascending=False, kind="stable").reset_index(drop=True)
 
 
-# ------------------------------------------------------------------- posterior predictive checks
-def _first(ds_list: list[xr.Dataset], names: tuple[str, ...]) -> xr.DataArray | None:
-    for ds in ds_list:
-        for name in names:
-            if name in ds.data_vars or name in ds.coords:
-                return ds[name]
-    return None
-
-
-def _positions(index: xr.DataArray, coord: np.ndarray) -> np.ndarray:
-    """Integer positions into ``coord`` from an index array of positions or labels."""
-    values = index.to_numpy()
-    if np.issubdtype(values.dtype, np.integer):
-        return values.astype(int)
-    lookup = {str(label): i for i, label in enumerate(coord)}
-    labels = values.astype(str)
-    missing = sorted({v for v in labels if v not in lookup})
-    if missing:
-        raise KeyError(f"{index.name} has labels not in the posterior: {missing[:3]}")
-    return np.array([lookup[v] for v in labels], dtype=int)
-
-
-def cell_predictive_check(
-    posterior: xr.DataTree, rng: np.random.Generator, *, max_draws: int = 400
-) -> tuple[dict[str, dict[str, float]], dict[str, tuple[np.ndarray, np.ndarray]], str | None]:
-    """Observed cell means of log duration vs their posterior predictive, per kernel class.
-
-    For every posterior draw the predicted mean log duration of a cell of n launches of kernel
-    k (class c) is ``a_k + Σ_level scale_level[c]·effect_level[unit] + gpustep_scale[c]·z
-    + resid_scale[c]·ε/√n`` with fresh z, ε ~ N(0, 1) (z only when the fit has no per-GPU-step
-    effect variable). Per class: two-sample KS distance between observed and predicted cell
-    means, and the share of observed cells inside their own 50 % and 90 % predictive intervals.
-
-    Returns
-    -------
-    (ppc, values, note)
-        ``ppc[class]`` numbers, ``values[class] = (observed_us, predicted_us)`` for plots, and
-        a note when the check could not run (else None).
-    """
-    post = posterior["posterior"].to_dataset()
-    if posterior.attrs.get("model_kind", "kernel") != "kernel" or "kernel_log_median" not in post:
-        return {}, {}, "cell predictive check skipped: not a kernel-level posterior"
-    groups = [
-        posterior[g].to_dataset()
-        for g in ("observed_data", "constant_data")
-        if g in posterior.children
-    ]
-    observed = _first(groups, _CELL_MEAN_NAMES)
-    kernel_index = _first(groups, _CELL_INDEX_NAMES["kernel"])
-    if observed is None or kernel_index is None:
-        return (
-            {},
-            {},
-            (
-                "cell predictive check skipped: the fit stores no cell means and kernel "
-                f"indices (looked for {_CELL_MEAN_NAMES[0]} and "
-                f"{_CELL_INDEX_NAMES['kernel'][0]} in observed_data/constant_data)"
-            ),
-        )
-    count = _first(groups, _CELL_COUNT_NAMES)
-    y = observed.to_numpy().astype(float).reshape(-1)
-    n = np.ones_like(y) if count is None else count.to_numpy().astype(float).reshape(-1)
-
-    total = post.sizes["chain"] * post.sizes["draw"]
-    take = np.sort(rng.choice(total, size=min(max_draws, total), replace=False))
-
-    def flat(name: str) -> np.ndarray:  # (draws, elements)
-        da = post[name]
-        rest = [d for d in da.dims if d not in SAMPLE_DIMS]
-        arr = da.transpose(*SAMPLE_DIMS, *rest).to_numpy().reshape(total, -1)
-        return arr[take]
-
-    kernels = post["kernel_log_median"].coords["kernel"].to_numpy()
-    k = _positions(kernel_index, kernels)
-    cls_of_kernel = _kernel_classes(posterior, kernels)
-    cls_names = (
-        post.coords["kernel_class"].to_numpy().astype(str)
-        if "kernel_class" in post.coords
-        else np.unique(cls_of_kernel)
-    )
-    class_pos = {c: i for i, c in enumerate(cls_names)}
-    c = np.array([class_pos.get(cls_of_kernel[i], -1) for i in k])
-
-    mu = flat("kernel_log_median")[:, k]
-    for dim, (effect, scale) in _EFFECT_TERMS.items():
-        if effect not in post or scale not in post:
-            continue
-        index = _first(groups, _CELL_INDEX_NAMES[dim])
-        if index is None:
-            continue
-        u = _positions(index, post[effect].coords[dim].to_numpy())
-        mu = mu + flat(scale)[:, c] * flat(effect)[:, u]
-    noise_sd = np.zeros_like(mu)
-    if "gpustep_scale" in post:
-        noise_sd = noise_sd + flat("gpustep_scale")[:, c] ** 2
-    if "resid_scale" in post:
-        noise_sd = noise_sd + flat("resid_scale")[:, c] ** 2 / n
-    predicted = mu + np.sqrt(noise_sd) * rng.standard_normal(mu.shape)
-
-    pit = (predicted < y).mean(axis=0)
-    ppc: dict[str, dict[str, float]] = {}
-    values: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    cell_class = np.asarray(cls_of_kernel)[k]
-    for cls in np.unique(cell_class):
-        sel = cell_class == cls
-        pred = predicted[:, sel].reshape(-1)
-        if pred.size > 20_000:
-            pred = rng.choice(pred, 20_000, replace=False)
-        ppc[str(cls)] = {
-            "n_cells": int(sel.sum()),
-            "ks_distance": float(stats.ks_2samp(y[sel], pred).statistic),
-            "coverage_50": float(np.mean((pit[sel] >= 0.25) & (pit[sel] <= 0.75))),
-            "coverage_90": float(np.mean((pit[sel] >= 0.05) & (pit[sel] <= 0.95))),
-            "observed_median_us": float(np.exp(np.median(y[sel]))),
-            "predicted_median_us": float(np.exp(np.median(pred))),
-        }
-        values[str(cls)] = (np.exp(y[sel]), np.exp(pred))
-    return ppc, values, None
-
-
-def _kernel_classes(posterior: xr.DataTree, kernels: np.ndarray) -> np.ndarray:
-    """Class label of each kernel, from the inventory (``kernel_class`` on dim ``kernel``)."""
-    if "inventory" in posterior.children and "kernel_class" in posterior["inventory"].data_vars:
-        inv = posterior["inventory"]["kernel_class"]
-        lookup = dict(
-            zip(
-                inv.coords["kernel"].to_numpy().astype(str), inv.to_numpy().astype(str), strict=True
-            )
-        )
-        return np.array([lookup.get(str(kn), "unknown") for kn in kernels])
-    return np.full(len(kernels), "all")
-
-
-def step_time_check(
-    posterior: xr.DataTree, rng: np.random.Generator, *, max_draws: int = 200
-) -> tuple[dict[str, float] | None, str | None]:
-    """Traced step time (slowest rank per step) vs the composition for the traced plan.
-
-    The traced plan runs on the traced nodes (their own posterior effects), composed from a
-    thinned posterior (at most ``max_draws`` draws, 4 simulated steps each).
-
-    Returns ``(numbers, note)``: numbers are None when the check cannot run (no inventory,
-    composition not available, or the traced plan cannot be composed); the note says why, or
-    carries the composition's warnings.
-    """
-    if (
-        "inventory" not in posterior.children
-        or "traced_step_time_us" not in posterior["inventory"].data_vars
-    ):
-        return None, "step-time check skipped: the inventory has no traced_step_time_us"
-    try:
-        from bayesprism.composition import compose
-        from bayesprism.plan import Cluster, ParallelPlan
-    except ImportError as exc:
-        return None, f"step-time check skipped: composition not available ({exc})"
-    inventory = posterior["inventory"]
-    try:
-        traced = json.loads(inventory.attrs.get("traced_plan", "{}"))
-        known = {f for f in inspect.signature(ParallelPlan).parameters if f != "source"}
-        plan = ParallelPlan.from_dict(
-            {k: v for k, v in traced.items() if k in known}, source="inventory.traced_plan"
-        )
-        nodes = (
-            list(dict.fromkeys(inventory["rank_node"].to_numpy().astype(str)))
-            if "rank_node" in inventory.data_vars
-            else []
-        )
-        measured = (
-            set(posterior["posterior"].coords["node"].to_numpy().astype(str))
-            if "node" in posterior["posterior"].coords
-            else set()
-        )
-        cluster = Cluster(
-            gpus_per_node=plan.gpus_per_node, nodes=tuple(n for n in nodes if n in measured)
-        )
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            draws = compose(_thinned(posterior, max_draws), plan, rng=rng, cluster=cluster)
-    except Exception as exc:  # a diagnostic must report a failed composition, not crash
-        return None, f"step-time check skipped: composing the traced plan failed ({exc})"
-    traced_s = inventory["traced_step_time_us"].max("rank").to_numpy() / 1e6
-    traced_s = traced_s[np.isfinite(traced_s)]
-    predicted = np.asarray(draws.step_time_s, dtype=float)
-    lo, hi = np.quantile(predicted, [0.05, 0.95])
-    numbers = {
-        "n_steps": int(traced_s.size),
-        "observed_median_s": float(np.median(traced_s)),
-        "predicted_median_s": float(np.median(predicted)),
-        "predicted_p05_s": float(lo),
-        "predicted_p95_s": float(hi),
-        "coverage_90": float(np.mean((traced_s >= lo) & (traced_s <= hi))),
-        "ks_distance": float(stats.ks_2samp(traced_s, predicted.reshape(-1)).statistic),
-    }
-    notes = []
-    if numbers["n_steps"] and not lo <= numbers["observed_median_s"] <= hi:
-        notes.append(f"warning: the traced median step time {numbers['observed_median_s']:.4g} s "
-                     f"lies outside the predicted 90% interval {lo:.4g}–{hi:.4g} s for the "
-                     "traced plan (idle gaps or overlap the composition does not model?)")
-    messages = sorted({str(w.message) for w in caught})
-    if messages:
-        notes.append("step-time check: composition warned: " + "; ".join(messages))
-    return numbers, "; ".join(notes) or None
-
-
-def _thinned(posterior: xr.DataTree, max_draws: int) -> xr.DataTree:
-    """The fit with its posterior thinned to at most ``max_draws`` (chain × draw) draws."""
-    post = posterior["posterior"]
-    total = post.sizes["chain"] * post.sizes["draw"]
-    if total <= max_draws:
-        return posterior
-    stride = int(np.ceil(total / max_draws))
-    thinned = posterior.copy()
-    thinned["posterior"] = post.to_dataset().isel(draw=slice(None, None, stride))
-    return thinned
-
-
 def worst_draws(posterior: xr.DataTree, report: DiagnosisReport, k: int = 6) -> xr.DataTree:
     """The draws of the ``k`` worst-mixing elements, one variable per element, for trace plots.
 
     Returns a DataTree with a ``posterior`` group whose variables are named by element label
-    (e.g. ``node_scale[gemm]``) and have dims ``chain``, ``draw`` only.
+    (e.g. ``node_scale[gemm]``; a ``/`` in a label becomes the look-alike ``∕``, U+2215, since
+    DataTree names cannot hold ``/``) and have dims ``chain``, ``draw`` only.
     """
     post = posterior["posterior"].to_dataset()
     chosen = {}
@@ -689,7 +455,8 @@ def worst_draws(posterior: xr.DataTree, report: DiagnosisReport, k: int = 6) -> 
             .reshape(da.sizes["chain"], da.sizes["draw"], -1)
         )
         position = _element_labels(da).index(label)
-        chosen[label] = xr.DataArray(
+        # DataTree variable names cannot hold "/", which GPU and step labels contain
+        chosen[label.replace("/", "\u2215")] = xr.DataArray(
             flat[:, :, position],
             dims=SAMPLE_DIMS,
             coords={d: post.coords[d] for d in SAMPLE_DIMS if d in post.coords},

@@ -142,11 +142,17 @@ def data_summary(posterior: xr.DataTree) -> dict:
 
 
 def _stats(values: np.ndarray) -> dict:
-    q = np.quantile(values, list(QUANTILE_KEYS.values()))
+    """Quantiles over (draw, replicate); ``ci90``: 90 % interval of the per-draw mean."""
+    q = np.quantile(values.reshape(-1), list(QUANTILE_KEYS.values()))
     out = {"mean": float(np.mean(values))}
     out.update({key: float(v) for key, v in zip(QUANTILE_KEYS, q, strict=True)})
-    out["ci90"] = [out["p05"], out["p95"]]
+    out["ci90"] = [float(x) for x in np.quantile(values.mean(axis=-1), [0.05, 0.95])]
     return out
+
+
+def _threshold_key(x: float) -> str:
+    """``1.05 -> "1.05"``, ``1.1 -> "1.10"`` (two decimals unless more are needed)."""
+    return f"{x:.2f}" if abs(x * 100 - round(x * 100)) < 1e-9 else f"{x:g}"
 
 
 def _summarize_forecast(forecast: xr.DataTree) -> dict:
@@ -163,14 +169,14 @@ def _summarize_forecast(forecast: xr.DataTree) -> dict:
             if key in one.coords:
                 value = one[key].item()
                 plan[key] = value if isinstance(value, str) else int(value)
-        plan["step_time_s"] = _stats(one["step_time_s"].to_numpy().reshape(-1))
+        plan["step_time_s"] = _stats(one["step_time_s"].transpose("draw", "replicate").to_numpy())
         plan["ideal_step_time_s"] = (
             float(one["ideal_step_time_s"]) if "ideal_step_time_s" in one else None
         )
         if "slowdown_probability" in one:
             sp = one["slowdown_probability"]
             plan["slowdown_probability"] = {
-                f"{float(t):.2f}": float(p)
+                _threshold_key(float(t)): float(p)
                 for t, p in zip(sp["threshold"].to_numpy(), sp.to_numpy(), strict=True)
             }
         plan["breakdown_s"] = {
@@ -179,7 +185,17 @@ def _summarize_forecast(forecast: xr.DataTree) -> dict:
             if f"{key}_s" in one
         }
         if "training_time_s" in one:
-            plan["training_time_s"] = _stats(one["training_time_s"].to_numpy().reshape(-1))
+            plan["training_time_s"] = _stats(
+                one["training_time_s"].transpose("draw", "replicate").to_numpy()
+            )
+            if "steps" in one:
+                plan["steps"] = int(one["steps"])
+        if "finish_probability" in one:
+            fp = one["finish_probability"]
+            plan["finish_probability"] = {
+                f"{float(t):g}": float(p)
+                for t, p in zip(fp["deadline"].to_numpy(), fp.to_numpy(), strict=True)
+            }
         plans.append(plan)
     return {"plans": plans}
 
@@ -394,9 +410,11 @@ def _section_forecast(summary: dict, figures: dict[str, Path]) -> str:
     parts = [
         "<h2 id='forecast'>Forecasts</h2>",
         "<p>Step time in seconds: posterior predictive quantiles over parameter "
-        "uncertainty and step-to-step variability.</p>",
+        "uncertainty and step-to-step variability; <em>mean: 90% CI</em> is the credible "
+        "interval of the mean step time (parameter uncertainty only); <em>ideal</em> is the "
+        "variability-free step time of the plan.</p>",
         _table(
-            ["plan", "layout", "GPUs", "mean", "p05", "p50", "p95", "p99", "90% interval", "ideal"],
+            ["plan", "layout", "GPUs", "mean", "p05", "p50", "p95", "p99", "mean: 90% CI", "ideal"],
             rows,
             text_columns=2,
         ),
@@ -407,7 +425,7 @@ def _section_forecast(summary: dict, figures: dict[str, Path]) -> str:
         parts.append(
             "<h3>Training time (s)</h3>"
             + _table(
-                ["plan", "p05", "p50", "p95", "90% interval"],
+                ["plan", "p05", "p50", "p95", "mean: 90% CI"],
                 [
                     (
                         p.get("name", ""),
@@ -419,6 +437,18 @@ def _section_forecast(summary: dict, figures: dict[str, Path]) -> str:
                     )
                     for p in plans
                     if "training_time_s" in p
+                ],
+            )
+        )
+    deadlines = list(plans[0].get("finish_probability", {})) if plans else []
+    if deadlines:
+        parts.append(
+            "<h3>Probability of finishing within the deadline</h3>"
+            + _table(
+                ["plan", *(f"P(≤ {d} s)" for d in deadlines)],
+                [
+                    (p.get("name", ""), *(fmt_p(p["finish_probability"].get(d)) for d in deadlines))
+                    for p in plans
                 ],
             )
         )

@@ -121,13 +121,19 @@ def shift_variable(group: xr.Dataset, name: str, shift: float, mask: xr.DataArra
 
 
 def compose_with_seed(
-    posterior: xr.DataTree, plan, *, replicates: int, random_seed: int, cluster=None
+    posterior: xr.DataTree,
+    plan,
+    *,
+    replicates: int,
+    random_seed: int,
+    cluster=None,
+    exact: bool | None = None,
 ) -> StepDraws:
     """Compose ``plan`` with a fresh generator seeded by ``random_seed`` (common random numbers)."""
     from bayesprism.composition import compose
 
     rng = np.random.default_rng(random_seed)
-    return compose(posterior, plan, replicates=replicates, rng=rng, cluster=cluster)
+    return compose(posterior, plan, replicates=replicates, rng=rng, cluster=cluster, exact=exact)
 
 
 @dataclass(frozen=True)

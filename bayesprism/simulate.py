@@ -63,9 +63,18 @@ NCCL_STREAM = 20
 CLOCK_START_US = 5_000_000_000.0  # profiler clock (µs); baseTimeNanoseconds maps it to Unix time
 BASE_TIME_NS = 1_700_000_000_000_000_000
 
-_GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_{}_n_tilesize{}_warpgroupsize{}_execute_segment_k_off_kernel__5x_cublas"
-_ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, {f}, at::detail::Array<char*, {n}> >(int, {f}, at::detail::Array<char*, {n}>)"
-_GELU = "at::native::{}(at::TensorIteratorBase&, at::native::GeluType)::{{lambda()#2}}::operator()() const::{{lambda()#2}}::operator()() const::{{lambda({})#1}}"
+_GEMM = (
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_{}_n_tilesize{}_warpgroupsize{}"
+    "_execute_segment_k_off_kernel__5x_cublas"
+)
+_ELEMENTWISE = (
+    "void at::native::vectorized_elementwise_kernel<4, {f}, "
+    "at::detail::Array<char*, {n}> >(int, {f}, at::detail::Array<char*, {n}>)"
+)
+_GELU = (
+    "at::native::{}(at::TensorIteratorBase&, at::native::GeluType)::{{lambda()#2}}::"
+    "operator()() const::{{lambda()#2}}::operator()() const::{{lambda({})#1}}"
+)
 _NORM = "void at::native::(anonymous namespace)::{}<c10::BFloat16, float>({})"
 #: role -> (kernel name as the profiler writes it, class, typical duration in µs)
 KERNEL_CATALOGUE: dict[str, tuple[str, str, float]] = {
@@ -225,13 +234,15 @@ def simulate(
     class_scales: Mapping[str, Mapping[str, float]] | None = None,
     collectives: Mapping[str, Mapping] | None = None,
     gpu_name: str = "NVIDIA H100 80GB HBM3",
+    progress: bool = False,
 ) -> dict:
     """Write synthetic Kineto traces of a data-parallel job, one file per rank, plus truth.json.
 
     Parameters
     ----------
     out_dir
-        Folder to write into (created; existing trace files of the same names are replaced).
+        Folder to write into (created if needed). It must not hold trace files of another
+        simulation (files of the same names, from the same arguments, are replaced).
     nodes, gpus_per_node
         Cluster shape; ranks are numbered node-major (rank = node × gpus_per_node + gpu) and
         hosts are named ``node-000``, ``node-001``, ...
@@ -256,6 +267,8 @@ def simulate(
         Cost-model parameters overriding :data:`DEFAULT_COLLECTIVES`.
     gpu_name
         Device name written to ``deviceProperties``.
+    progress
+        Show a progress bar over the rank files.
 
     Returns
     -------
@@ -266,7 +279,7 @@ def simulate(
     ------
     InputError
         On impossible sizes (non-positive counts, too few kernels per step, more degraded
-        nodes than nodes).
+        nodes than nodes), or when ``out_dir`` already holds other trace files.
     """
     _check_arguments(
         nodes, gpus_per_node, steps, degraded_nodes, kernels_per_step, allreduce_buckets
@@ -378,9 +391,29 @@ def simulate(
     names["allreduce"] = _NCCL_NAME
     files = []
     for rank in range(world):
-        node, gpu = divmod(rank, gpus_per_node)
         finished_ms = int((BASE_TIME_NS // 1000 + end_of_step[-1, rank]) // 1000)
-        fname = f"{hosts[node]}_{int(pids[rank])}.{finished_ms}.pt.trace.json.gz"
+        files.append(
+            f"{hosts[rank // gpus_per_node]}_{int(pids[rank])}.{finished_ms}.pt.trace.json.gz"
+        )
+    stale = sorted(p.name for p in out.glob("*.pt.trace.json*") if p.name not in files)
+    if stale:
+        # a folder is one run for the readers: mixing two simulations would corrupt it
+        raise InputError(
+            Problem(
+                str(out),
+                "out_dir",
+                f"already holds {len(stale)} trace file(s) "
+                "of another simulation or job; use an empty folder",
+                example=stale[0],
+            )
+        )
+    from tqdm.auto import tqdm
+
+    bar = tqdm(
+        list(enumerate(files)), desc="simulate", unit="rank", disable=not progress, leave=False
+    )
+    for rank, fname in bar:
+        gpu = rank % gpus_per_node
         text = _trace_text(
             rank=rank,
             world=world,
@@ -401,7 +434,6 @@ def simulate(
             trace_name=fname,
         )
         (out / fname).write_bytes(gzip.compress(text.encode(), compresslevel=1, mtime=0))
-        files.append(fname)
 
     truth = _truth(
         seed=seed,
@@ -478,7 +510,7 @@ def _program(kernels_per_step: int, buckets: int) -> tuple[list[str], list[float
         roles += _LAYER_FWD
     roles += ["softmax_fwd", "softmax_bwd"]
     # DDP reduces a bucket as soon as the backward of its layers is done
-    done = np.linspace(0, layers, buckets + 1)[1:].round().astype(int) if buckets else []
+    done = np.ceil(np.arange(1, buckets + 1) * layers / buckets).astype(int) if buckets else []
     for layer in range(1, layers + 1):
         roles += _LAYER_BWD
         roles += ["allreduce"] * int(np.sum(np.asarray(done) == layer))
@@ -680,7 +712,9 @@ def _truth(
             "group_size": world,
             "bytes": bucket_bytes,
             "calls_per_step": len(bucket_bytes),
-            "congestion_effect": dict(zip(map(str, step_numbers), congestion.tolist())),
+            "congestion_effect": dict(
+                zip(map(str, step_numbers), congestion.tolist(), strict=True)
+            ),
             "transfer_us": {str(n): transfer[i].tolist() for i, n in enumerate(step_numbers)},
         }
     slow_weight = len(degraded) / nodes
@@ -709,9 +743,9 @@ def _truth(
             "slow_shift": degraded_shift if len(degraded) else 0.0,
             "slow_sd": 0.5,
         },
-        "node_effect": dict(zip(hosts, node_effect.tolist())),
-        "gpu_effect": dict(zip(gpu_labels, gpu_effect.tolist())),
-        "step_effect": dict(zip(map(str, step_numbers), step_effect.tolist())),
+        "node_effect": dict(zip(hosts, node_effect.tolist(), strict=True)),
+        "gpu_effect": dict(zip(gpu_labels, gpu_effect.tolist(), strict=True)),
+        "step_effect": dict(zip(map(str, step_numbers), step_effect.tolist(), strict=True)),
         "gpustep_effect": {g: gpustep_effect[:, i].tolist() for i, g in enumerate(gpu_labels)},
         "collectives": collectives,
         "files": files,

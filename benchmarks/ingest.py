@@ -55,14 +55,16 @@ COMPUTE_KERNELS = (
     ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>"
      "(int, float, c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 const*, float*, "
      "float*, c10::BFloat16*)", 3, 25.0),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>"
+     ", "
      "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, "
      "at::detail::Array<char*, 3>)", 8, 12.0),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl("
      "at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::"
      "{lambda()#2}::operator()() const::{lambda(c10::BFloat16)#1}, at::detail::Array<char*, 2> >"
      "(int, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::"
-     "{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(c10::BFloat16)#1},"
+     "{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::"
+     "{lambda(c10::BFloat16)#1},"
      " at::detail::Array<char*, 2>)", 4, 30.0),
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t"
      "<float, at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::"
@@ -148,12 +150,13 @@ def generate(out_dir: Path, n_files: int, mb_per_file: float, seed: int = 0) -> 
 def _write_rank(path: Path, rank: int, world: int, gpn: int, pid: int, seq, kind, starts, durs,
                 bounds) -> int:
     dev = rank % gpn
-    tid = pid + 3
+    pid + 3
     parts = [
         '{\n  "schemaVersion": 1,\n  "deviceProperties": [\n',
         ",\n".join(
             f'    {{\n      "id": {i}, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": '
-            f'85029158912,\n      "computeMajor": 9, "computeMinor": 0,\n      "numSms": 132\n    }}'
+            f'85029158912,\n      "computeMajor": 9, "computeMinor": 0,\n      "numSms": 132'
+            '\n    }'
             for i in range(gpn)),
         '\n  ],\n  "distributedInfo": {"backend": "nccl", "rank": ' + str(rank)
         + ', "world_size": ' + str(world) + ', "pg_count": 1, "pg_config": [{"pg_name": "0", '
@@ -222,6 +225,10 @@ def _write_rank(path: Path, rank: int, world: int, gpn: int, pid: int, seq, kind
                 f'{ts:.3f},\n    "cat": "ac2g", "name": "ac2g", "bp": "e"\n  }}')
         # A host-to-device copy at the start of each step (data loading).
         corr += 1
+        events.append(
+            f'  {{\n    "ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": {pid}, '
+            f'"tid": {pid},\n    "ts": {cpu_t + 0.5:.3f}, "dur": 6.1,\n    "args": {{\n      '
+            f'"External id": {ext},      "cbid": 41, "correlation": {corr}\n    }}\n  }}')
         events.append(
             f'  {{\n    "ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", '
             f'"pid": {dev}, "tid": 22,\n    "ts": {t0 + 0.5:.3f}, "dur": 35.0,\n    "args": {{\n'

@@ -11,6 +11,10 @@ import json
 import numpy as np
 import xarray as xr
 
+from bayesprism import __version__
+from bayesprism.schema import SCHEMA_VERSION
+from bayesprism.spec import ModelSpec
+
 CLASSES = ("gemm", "attention", "elementwise", "norm", "optimizer", "allreduce", "allgather",
            "reducescatter", "sendrecv", "alltoall")
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv")
@@ -67,8 +71,9 @@ def kernel_posterior(
         values = (scales or {}).get(level, {})
         posterior[f"{level}_scale"] = const([values.get(c, 0.0) for c in CLASSES],
                                             "kernel_class", shape=(len(CLASSES),))
-    coords = {"chain": [0], "draw": np.arange(draws), "kernel": names, "kernel_class": list(CLASSES),
-              "collective": list(COLLECTIVES), "tier": ["intra", "inter"]}
+    coords = {"chain": [0], "draw": np.arange(draws), "kernel": names,
+              "kernel_class": list(CLASSES), "collective": list(COLLECTIVES),
+              "tier": ["intra", "inter"]}
     for name, value in (population_params or {}).items():
         posterior[name] = const(value)
     if measured_nodes:
@@ -91,8 +96,12 @@ def kernel_posterior(
         coords={"kernel": names},
         attrs={"traced_plan": json.dumps(traced_plan), "run": "synthetic", "platform": "test"},
     )
-    root_attrs = {"model_kind": "kernel", "bayesprism_version": "0.1.0", "schema_version": 1,
-                  "input_digest": "test", "spec_hash": "test", **attrs}
+    spec = ModelSpec.default()
+    root_attrs = {"model_kind": "kernel", "bayesprism_version": __version__,
+                  "schema_version": SCHEMA_VERSION, "spec": json.dumps(spec.to_dict()),
+                  "spec_hash": spec.spec_hash(), "input_digest": "hand-built", "sampler": "pymc",
+                  "seconds": 0.0, "draws": draws, "tune": 0, "chains": 1, "random_seed": 0,
+                  **attrs}
     return xr.DataTree.from_dict({"/": xr.Dataset(attrs=root_attrs), "posterior": post,
                                   "inventory": inventory})
 

@@ -67,7 +67,8 @@ REAL_NAMES = [
      "const&, long, long, double)::{lambda(float)#1}, at::detail::Array<char*, 2> >(int, ...)",
      "elementwise"),
     # layer norm / batch norm
-    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>(int, float,"
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>(int, "
+     "float,"
      " float const*, float const*, float const*, float*, float*, float*)", "norm"),
     ("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel<float, float>(long, long,"
      " float const*, float const*, float const*, float const*, float*, float*)", "norm"),
@@ -82,7 +83,8 @@ REAL_NAMES = [
      "TensorListMetadata<4>&, AdamFunctor<float>, float, float, float, float, float, float, "
      "adamMode_t, float, int, int)", "optimizer"),
     ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
-     "namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor"
+     "namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::"
+     "BinaryOpListAlphaFunctor"
      "<float, 2, 2, 0>, std::plus<float>, float>(...)", "optimizer"),
     # memcpy / memset activities
     ("Memcpy HtoD (Pinned -> Device)", "memcpy"),

@@ -81,7 +81,7 @@ def test_node_from_rank_when_no_host_warns(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.warns(IngestWarning, match=r"node taken as rank // 4 \(4 GPUs per node from "
                       r"gpus_per_node\)"):
-        df, report = read_kineto(path, gpus_per_node=4)
+        df, _report = read_kineto(path, gpus_per_node=4)
     assert set(df["node"]) == {"node0"}
     df, _ = read_kineto(path, rank_to_node={0: "n17"})
     assert set(df["node"]) == {"n17"}
@@ -215,3 +215,20 @@ def test_gzip_and_plain_json_give_the_same_rows(tmp_path):
     d1, _ = read_kineto(tmp_path / "a" / src.name, run="r")
     d2, _ = read_kineto(tmp_path / "b" / (src.name + ".gz"), run="r")
     pd.testing.assert_frame_equal(d1.drop(columns="source"), d2.drop(columns="source"))
+
+
+def test_gpu_user_annotation_ranges_when_launches_are_missing(tmp_path):
+    data = json.loads(GOLDEN_FILES[1].read_text())
+    data["traceEvents"] = [e for e in data["traceEvents"] if e.get("cat") == "kernel"]
+    data["traceEvents"] += [
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 7,
+         "ts": 1090, "dur": 150},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#4", "pid": 1, "tid": 7,
+         "ts": 1340, "dur": 100},
+    ]
+    path = tmp_path / "hostB_9.1.pt.trace.json"
+    path.write_text(json.dumps(data))
+    df, report = read_kineto(path)
+    # Kernels at 1100, 1185 in step 3; 1250 starts after step 3 ends (1240); 1360 in step 4.
+    assert df.sort_values("start_us")["step"].tolist() == [3, 3, 4]
+    assert report["skipped"] == {"kernel outside any ProfilerStep": 1}

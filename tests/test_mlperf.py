@@ -56,7 +56,7 @@ def test_gpt3_ladder_matches_readme(shared_data, system):
     nodes, gpus, dp, gbs, micro, (lo, hi), median = GPT3_LADDER[system]
     tables, reports = _read_scale(shared_data / GPT3 / system / "gpt3")
     assert len(tables) == 3
-    for df, report in zip(tables, reports):
+    for df, report in zip(tables, reports, strict=True):
         meta = report["run_meta"]
         assert report["run"].startswith(f"{system}/gpt3/result_")
         assert (meta["nodes"], meta["world_size"], meta["gpus_per_node"]) == (nodes, gpus, 8)
@@ -78,7 +78,7 @@ def test_llama_ladder_matches_readme(shared_data, system):
     nodes, gpus, (tp, pp, cp), dp, gbs, (lo, hi), median = LLAMA_LADDER[system]
     tables, reports = _read_scale(shared_data / LLAMA / system / "llama31_8b")
     assert len(tables) == 10
-    for df, report in zip(tables, reports):
+    for df, report in zip(tables, reports, strict=True):
         meta = report["run_meta"]
         plan = meta["plan"]
         assert (meta["nodes"], meta["world_size"]) == (nodes, gpus)
@@ -96,8 +96,11 @@ def test_metadata_sources_and_config_quirk(shared_data):
     log = shared_data / GPT3 / "eos_n64_ngc23.09_nemo" / "gpt3" / "result_0.txt.gz"
     _, report = read_mlperf(log)
     sources = [Path(s).name for s in report["run_meta"]["source_files"]]
-    assert sources[:3] == ["result_0.txt.gz", "config_DGXH100_64x8x192x4x8_mbs1.sh",
-                           "eos_n64_ngc23.09_nemo.json"]
+    assert sources[:3] == [
+        "result_0.txt.gz",
+        "config_DGXH100_64x8x192x4x8_mbs1.sh",
+        "eos_n64_ngc23.09_nemo.json",
+    ]
     assert "config_common.sh" in sources and "config_fp8.sh" in sources
     # MINIBS=192 in the config disagrees with the logged global batch: the log wins, noted.
     assert any("global batch: log says 2048" in n for n in report["notes"])
@@ -116,20 +119,29 @@ def _write_log(path: Path, lines: list[str]) -> Path:
 def _ev(key, value=None, **meta) -> str:
     import json
 
-    return ":::MLLOG " + json.dumps({"time_ms": meta.pop("time_ms", 0), "event_type": "POINT_IN_TIME",
-                                     "key": key, "value": value, "metadata": meta})
+    event = {
+        "time_ms": meta.pop("time_ms", 0),
+        "event_type": "POINT_IN_TIME",
+        "key": key,
+        "value": value,
+        "metadata": meta,
+    }
+    return ":::MLLOG " + json.dumps(event)
 
 
 def test_hand_written_log_outside_repo_layout(tmp_path):
-    log = _write_log(tmp_path / "myrun.txt", [
-        "some other output",
-        _ev("global_batch_size", 8),
-        _ev("tracked_stats", {"train_step_time": 0.5}, step=3),
-        _ev("tracked_stats", {"train_step_time": float("nan")}, step=4),
-        _ev("tracked_stats", {"train_step_time": 0.25}, step=5),
-        _ev("tracked_stats", {"train_step_time": 0.3}),
-        ":::MLLOG {not json",
-    ])
+    log = _write_log(
+        tmp_path / "myrun.txt",
+        [
+            "some other output",
+            _ev("global_batch_size", 8),
+            _ev("tracked_stats", {"train_step_time": 0.5}, step=3),
+            _ev("tracked_stats", {"train_step_time": float("nan")}, step=4),
+            _ev("tracked_stats", {"train_step_time": 0.25}, step=5),
+            _ev("tracked_stats", {"train_step_time": 0.3}),
+            ":::MLLOG {not json",
+        ],
+    )
     df, report = read_mlperf(log)
     assert report["run"] == f"{tmp_path.name}/myrun"
     assert df["step"].tolist() == [3, 5]
@@ -143,10 +155,15 @@ def test_hand_written_log_outside_repo_layout(tmp_path):
 
 
 def test_block_times_when_no_step_timing(tmp_path):
-    log = _write_log(tmp_path / "result_0.txt", [
-        _ev("block_start", time_ms=1000), _ev("block_stop", time_ms=3500),
-        _ev("block_start", time_ms=4000), _ev("block_stop", time_ms=5000),
-    ])
+    log = _write_log(
+        tmp_path / "result_0.txt",
+        [
+            _ev("block_start", time_ms=1000),
+            _ev("block_stop", time_ms=3500),
+            _ev("block_start", time_ms=4000),
+            _ev("block_stop", time_ms=5000),
+        ],
+    )
     df, report = read_mlperf(log)
     assert df["kernel"].tolist() == ["train_block", "train_block"]
     assert df["duration_us"].tolist() == [2_500_000.0, 1_000_000.0]
@@ -155,14 +172,14 @@ def test_block_times_when_no_step_timing(tmp_path):
 
 def test_errors_name_the_file(tmp_path):
     empty = _write_log(tmp_path / "empty.txt", ["hello"])
-    with pytest.raises(TraceFormatError, match="empty.txt: :::MLLOG: no :::MLLOG lines"):
+    with pytest.raises(TraceFormatError, match=r"empty\.txt: :::MLLOG: no :::MLLOG lines"):
         read_mlperf(empty)
     no_timing = _write_log(tmp_path / "nt.txt", [_ev("global_batch_size", 8)])
-    with pytest.raises(TraceFormatError, match="nt.txt: tracked_stats: no train_step_time"):
+    with pytest.raises(TraceFormatError, match=r"nt\.txt: tracked_stats: no train_step_time"):
         read_mlperf(no_timing)
     truncated = tmp_path / "cut.txt.gz"
     truncated.write_bytes(gzip.compress(b":::MLLOG {}\n" * 1000)[:60])
-    with pytest.raises(TraceFormatError, match="cut.txt.gz: cannot decompress"):
+    with pytest.raises(TraceFormatError, match=r"cut\.txt\.gz: cannot decompress"):
         read_mlperf(truncated)
 
 
@@ -176,3 +193,33 @@ def test_shipped_gpt3_ladder(package_data):
         meta = report["run_meta"]
         plans[meta["world_size"]] = (meta["plan"]["dp"], meta["plan"]["microbatches"])
     assert plans == {v[1]: (v[2], v[4]) for v in GPT3_LADDER.values()}
+
+
+def test_config_env_follows_sources_and_ignores_conditionals(tmp_path):
+    from bayesprism.ingest.mlperf import _read_config_env
+
+    impl = tmp_path / "impl"
+    (impl / "a").mkdir(parents=True)
+    (impl / "common").mkdir()
+    (impl / "common" / "config_common.sh").write_text(
+        'export MICRO_BATCH_SIZE=2\n: "${CONTEXT_PARALLEL:=1}"\n'
+    )
+    config = impl / "a" / "config_X_2x8x4xtp2pp1cp2.sh"
+    config.write_text(
+        "source $(dirname ${BASH_SOURCE[0]})/config_common.sh\n"
+        "export TENSOR_MODEL_PARALLEL=2   # comment\n"
+        'export DGXNNODES="${DGXNNODES:-2}"\n'
+        'if [[ "${X:-0}" == "1" ]]; then\n  export TENSOR_MODEL_PARALLEL=8\nfi\n'
+        "if [[ 1 ]]; then export MINIBS=99; fi\n"
+        "export MICRO_BATCH_SIZE=1\n"
+        "export DGXSYSTEM=$(basename $(readlink -f ${BASH_SOURCE[0]}))\n"
+    )
+    sources: list[str] = []
+    env = _read_config_env(config, sources)
+    assert env == {
+        "MICRO_BATCH_SIZE": "1",
+        "CONTEXT_PARALLEL": "1",
+        "TENSOR_MODEL_PARALLEL": "2",
+        "DGXNNODES": "2",
+    }
+    assert sources == [str(impl / "common" / "config_common.sh")]

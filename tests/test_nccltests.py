@@ -48,8 +48,11 @@ def test_single_process_eight_gpus_collective_from_file_name():
     assert set(df["group_size"]) == {8}
     assert report["run_meta"]["nodes"] == 1 and report["run_meta"]["gpus_per_node"] == 8
     # the bus bandwidth printed by nccl-tests is consistent with the time we read
-    text = [ln.split() for ln in REDUCE_SCATTER.read_text().splitlines()
-            if ln.strip() and ln.strip()[0].isdigit()]
+    text = [
+        ln.split()
+        for ln in REDUCE_SCATTER.read_text().splitlines()
+        if ln.strip() and ln.strip()[0].isdigit()
+    ]
     busbw = np.array([float(r[7]) for r in text])
     oop = df[df["phase"] == "out-of-place"]
     mine = oop["bytes"].to_numpy() / oop["duration_us"].to_numpy() / 1e3 * 7 / 8
@@ -59,6 +62,16 @@ def test_single_process_eight_gpus_collective_from_file_name():
 def test_can_read():
     assert can_read(ALL_REDUCE, ALL_REDUCE.read_bytes()[:65536])
     assert not can_read(Path("x.log"), b":::MLLOG {}")
+
+
+def _row(size, count, dtype, redop, time_oop, wrong_oop, time_ip, wrong_ip) -> str:
+    """One result line laid out as nccl-tests prints it (bandwidths are irrelevant here)."""
+    bw = "N/A" if time_ip == "N/A" else "0.00"
+    return (
+        f"{size:>12}{count:>14}{dtype:>10}{redop:>8}{-1:>8}"
+        f"{time_oop:>9}{'0.00':>8}{'0.00':>8}{wrong_oop:>7}"
+        f"{time_ip:>9}{bw:>8}{bw:>8}{wrong_ip:>7}"
+    )
 
 
 def _section(binary_line: str, rows: list[str]) -> list[str]:
@@ -78,24 +91,32 @@ def _section(binary_line: str, rows: list[str]) -> list[str]:
 
 def test_several_sweeps_bad_times_and_wrong_results(tmp_path):
     path = tmp_path / "mixed.log"
-    path.write_text("\n".join(
-        _section("# Collective test starting: alltoall_perf", [
-            "           8             1     float    none      -1    30.10    0.00    0.00      0"
-            "      N/A     N/A     N/A    N/A",
-            "          16             2     float    none      -1    30.50    0.00    0.00      3"
-            "    30.40    0.00    0.00      0",
-        ])
-        + _section("# Collective test starting: alltoall_perf", [
-            "           8             1     float    none      -1    31.00    0.00    0.00      0"
-            "    31.20    0.00    0.00      0",
-            "   32  1  float  none",
-        ])
-    ) + "\n")
+    path.write_text(
+        "\n".join(
+            _section(
+                "# Collective test starting: alltoall_perf",
+                [
+                    _row(8, 1, "float", "none", "30.10", 0, "N/A", "N/A"),
+                    _row(16, 2, "float", "none", "30.50", 3, "30.40", 0),
+                ],
+            )
+            + _section(
+                "# Collective test starting: alltoall_perf",
+                [
+                    _row(8, 1, "float", "none", "31.00", 0, "31.20", 0),
+                    "   32  1  float  none",
+                ],
+            )
+        )
+        + "\n"
+    )
     df, report = read_nccl_tests(path)
     assert df["step"].tolist() == [0, 1, 1, 2, 2]
     assert df["duration_us"].tolist() == [30.10, 30.50, 30.40, 31.00, 31.20]
-    assert report["skipped"] == {"nccl-tests time is not a positive number": 1,
-                                 "nccl-tests row with an unexpected number of fields": 1}
+    assert report["skipped"] == {
+        "nccl-tests time is not a positive number": 1,
+        "nccl-tests row with an unexpected number of fields": 1,
+    }
     assert any("several sweeps" in n for n in report["notes"])
     assert any("validation errors" in n for n in report["notes"])
     assert set(df["kernel_class"]) == {"alltoall"} and set(df["group_size"]) == {2}
@@ -103,14 +124,20 @@ def test_several_sweeps_bad_times_and_wrong_results(tmp_path):
 
 def test_errors_name_the_file(tmp_path):
     unknown = tmp_path / "results.log"
-    unknown.write_text("\n".join(_section("# nccl-tests version 2.13.9", [
-        "           8             2     float     sum      -1    20.0    0.00    0.00      0"
-        "    20.0    0.00    0.00      0"])) + "\n")
-    with pytest.raises(TraceFormatError, match="results.log: collective: cannot tell which"):
+    unknown.write_text(
+        "\n".join(
+            _section(
+                "# nccl-tests version 2.13.9",
+                [_row(8, 2, "float", "sum", "20.0", 0, "20.0", 0)],
+            )
+        )
+        + "\n"
+    )
+    with pytest.raises(TraceFormatError, match=r"results\.log: collective: cannot tell which"):
         read_nccl_tests(unknown)
     empty = tmp_path / "all_gather_perf.log"
     empty.write_text("# nThread 1 nGpus 1\n# Using devices\n")
-    with pytest.raises(TraceFormatError, match="all_gather_perf.log: no nccl-tests result rows"):
+    with pytest.raises(TraceFormatError, match=r"all_gather_perf\.log: no nccl-tests result rows"):
         read_nccl_tests(empty)
     bad = tmp_path / "b.log"
     bad.write_text("# Collective test starting: hypercube_perf\n# nThread 1\n")

@@ -115,3 +115,33 @@ def test_bad_input_is_refused():
     post.attrs["model_kind"] = "step"
     with pytest.raises(InputError, match="model_kind: sensitivity needs a kernel-level posterior"):
         sensitivity(post, _plan(dp=1))
+
+
+def test_cli_prints_json_and_tables(tmp_path, noisy_posterior, capsys):
+    io = pytest.importorskip("bayesprism.io")
+    import json
+
+    from bayesprism.cli.main import main
+
+    path = tmp_path / "posterior.nc"
+    io.save(noisy_posterior, path)
+    plan = tmp_path / "plan.toml"
+    plan.write_text('name = "small"\ndp = 4\ngpus_per_node = 2\noverlap = 1.0\n')
+    args = ["sensitivity", str(path), "--plan", str(plan), "--draws", "4", "--replicates", "8"]
+    assert main([*args, "--json", "--quiet"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["contributions"][0]["factor"] in ("all", "gemm")
+    assert {
+        "factor",
+        "level",
+        "p95_delta_s",
+        "p95_delta_ci90",
+        "slowdown_p_delta",
+        "halved",
+    } <= set(result["contributions"][0])
+    assert main([*args, "--quiet"]) == 0
+    assert "plan small" in capsys.readouterr().out
+    two = tmp_path / "two.toml"
+    two.write_text("[[plan]]\ndp = 2\n[[plan]]\ndp = 4\n")
+    assert main(["sensitivity", str(path), "--plan", str(two), "--quiet"]) == 2
+    assert "give a file with exactly one plan" in capsys.readouterr().err

@@ -44,8 +44,13 @@ def test_files_are_kineto_shaped(simulated):
     for rank, (name, doc) in traces.items():
         host = FILE_NAME.match(name).group(1)
         assert host == f"node-{rank // SIZE['gpus_per_node']:03d}"
-        assert doc["distributedInfo"] == {"backend": "nccl", "rank": rank, "world_size": world,
-                                          "pg_count": 1, "nccl_version": "2.21.5"}
+        assert doc["distributedInfo"] == {
+            "backend": "nccl",
+            "rank": rank,
+            "world_size": world,
+            "pg_count": 1,
+            "nccl_version": "2.21.5",
+        }
         assert len(doc["deviceProperties"]) == SIZE["gpus_per_node"]
         events = doc["traceEvents"]
         steps = [e for e in events if e.get("cat") == "user_annotation"]
@@ -76,17 +81,37 @@ def test_truth_json(simulated):
     out, truth, _ = simulated
     on_disk = json.loads((out / "truth.json").read_text())
     assert on_disk == json.loads(json.dumps(truth))
-    for key in ("kernels", "kernel_log_median", "class_scales", "node_effect", "gpu_effect",
-                "step_effect", "gpustep_effect", "degraded_nodes", "collectives", "world_size",
-                "plan", "hosts", "node_population"):
+    for key in (
+        "kernels",
+        "kernel_log_median",
+        "class_scales",
+        "node_effect",
+        "gpu_effect",
+        "step_effect",
+        "gpustep_effect",
+        "degraded_nodes",
+        "collectives",
+        "world_size",
+        "plan",
+        "hosts",
+        "node_population",
+    ):
         assert key in truth
     world = SIZE["nodes"] * SIZE["gpus_per_node"]
     assert truth["world_size"] == world and truth["plan"]["dp"] == world
     assert len(truth["degraded_nodes"]) == 1 and truth["degraded_nodes"][0] in truth["hosts"]
-    assert set(truth["class_scales"]) == {"gemm", "attention", "norm", "elementwise",
-                                          "optimizer", "other"}
-    assert all(set(v) == {"node", "gpu", "step", "gpustep", "resid"}
-               for v in truth["class_scales"].values())
+    assert set(truth["class_scales"]) == {
+        "gemm",
+        "attention",
+        "norm",
+        "elementwise",
+        "optimizer",
+        "other",
+    }
+    assert all(
+        set(v) == {"node", "gpu", "step", "gpustep", "resid"}
+        for v in truth["class_scales"].values()
+    )
     ar = truth["collectives"]["allreduce"]
     assert ar["tier"] == "inter" and set(ar["latency_us"]) == {"intra", "inter"}
     assert sum(k["launches_per_step"] for k in truth["kernels"].values()) + 4 == 120
@@ -109,7 +134,7 @@ def test_degraded_node_is_slower_in_the_written_durations(simulated):
     _, truth, traces = simulated
     # log duration relative to each kernel's overall mean, averaged per host (compute kernels)
     logs = defaultdict(list)
-    for rank, (name, doc) in traces.items():
+    for name, doc in traces.values():
         host = FILE_NAME.match(name).group(1)
         for k in _kernels(doc):
             if k["tid"] == 7:
@@ -162,23 +187,54 @@ def test_bad_arguments_raise_input_error(tmp_path):
 
 
 def test_cli(tmp_path, capsys):
-    rc = main(["simulate", "--nodes", "2", "--gpus-per-node", "1", "--steps", "2",
-               "--kernels-per-step", "50", "--degraded-nodes", "1", "-o", str(tmp_path)])
+    rc = main(
+        [
+            "simulate",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "1",
+            "--steps",
+            "2",
+            "--kernels-per-step",
+            "50",
+            "--degraded-nodes",
+            "1",
+            "-o",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     assert "wrote 2 trace files and truth.json" in capsys.readouterr().out
     assert (tmp_path / "truth.json").is_file()
-    assert main(["simulate", "--nodes", "0", "--gpus-per-node", "1", "--steps", "1",
-                 "-o", str(tmp_path)]) == 2
+    assert (
+        main(
+            [
+                "simulate",
+                "--nodes",
+                "0",
+                "--gpus-per-node",
+                "1",
+                "--steps",
+                "1",
+                "-o",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )
     assert "simulate: nodes: must be >= 1" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("bayesprism.ingest.kineto") is None,
-                    reason="the Kineto reader is not written yet")
+@pytest.mark.skipif(
+    importlib.util.find_spec("bayesprism.ingest.kineto") is None,
+    reason="the Kineto reader is not written yet",
+)
 def test_read_back_with_read_traces(simulated):
     import bayesprism
 
     out, truth, _ = simulated
-    table = bayesprism.read_traces([out])
+    table = bayesprism.read_traces([out], progress=False)
     world = truth["world_size"]
     assert sorted(table["rank"].unique()) == list(range(world))
     assert set(table["node"].astype(str)) == set(truth["hosts"])
@@ -199,9 +255,49 @@ def test_file_name_timestamp_is_deterministic(simulated):
 def test_shipped_synthetic_sample_is_current(package_data, tmp_path):
     """data/synthetic is exactly what its documented command writes (regenerate if this fails)."""
     shipped = package_data / "synthetic"
-    simulate(tmp_path, nodes=2, gpus_per_node=4, steps=5, degraded_nodes=1, seed=1,
-             kernels_per_step=100)
+    simulate(
+        tmp_path, nodes=2, gpus_per_node=4, steps=5, degraded_nodes=1, seed=1, kernels_per_step=100
+    )
     names = sorted(p.name for p in shipped.iterdir())
     assert names == sorted(p.name for p in tmp_path.iterdir())
     for name in names:
         assert (shipped / name).read_bytes() == (tmp_path / name).read_bytes(), name
+
+
+def test_refuses_a_folder_with_another_simulation(tmp_path):
+    small = dict(nodes=1, gpus_per_node=2, steps=1, kernels_per_step=40)
+    simulate(tmp_path, seed=1, **small)
+    simulate(tmp_path, seed=1, **small)  # same arguments: same names, replaced
+    with pytest.raises(InputError, match=r"out_dir: already holds 2 trace file\(s\)"):
+        simulate(tmp_path, seed=2, **small)
+
+
+def test_every_bucket_is_launched_when_buckets_outnumber_layers(tmp_path):
+    truth = simulate(
+        tmp_path, nodes=1, gpus_per_node=2, steps=1, kernels_per_step=60, allreduce_buckets=6
+    )
+    doc = json.loads(gzip.decompress((tmp_path / truth["files"][0]).read_bytes()))
+    nccl = [k for k in _kernels(doc) if k["tid"] == 20]
+    assert len(nccl) == 6 == truth["collectives"]["allreduce"]["calls_per_step"]
+    assert len(_kernels(doc)) == 60
+    assert truth["collectives"]["allreduce"]["tier"] == "intra"
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("bayesprism.ingest.kineto") is None,
+    reason="the Kineto reader is not written yet",
+)
+def test_ingested_transfer_matches_truth(simulated):
+    """The ingest wait/transfer split recovers the simulated transfer of every call."""
+    import bayesprism
+
+    out, truth, _ = simulated
+    table = bayesprism.read_traces([out], progress=False)
+    coll = table[table["kernel_class"].astype(str) == "allreduce"].sort_values(["rank", "start_us"])
+    call = coll.groupby(["rank", "step"], observed=True).cumcount().to_numpy()
+    expected = [
+        truth["collectives"]["allreduce"]["transfer_us"][str(s)][c]
+        for s, c in zip(coll["step"], call, strict=True)
+    ]
+    assert np.allclose(coll["transfer_us"], expected, atol=5e-3)
+    assert np.allclose(coll["wait_us"] + coll["transfer_us"], coll["duration_us"], atol=5e-3)

@@ -27,8 +27,10 @@ def test_tidy_csv_round_trip(tmp_path):
     df, report = read_tabular(path)
     df = validate_table(df, source=str(path))
     assert df["duration_us"].tolist() == [10.5, 11.0]
-    assert report["skipped"] == {"duration_us missing (NaN)": 1,
-                                 "duration_us not finite or <= 0": 1}
+    assert report["skipped"] == {
+        "duration_us missing (NaN)": 1,
+        "duration_us not finite or <= 0": 1,
+    }
     assert report["run"] == "r1"
     meta = report["run_meta"]
     assert meta["world_size"] == 2 and meta["gpus_per_node"] == 2 and meta["plan"]["dp"] == 2
@@ -41,8 +43,15 @@ def test_column_map_units_and_defaults(tmp_path):
         "0,0,h0,0,ampere_sgemm_128x64_tn,0.25,x\n"
         "0,1,h1,0,ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*),1.5,y\n"
     )
-    mapping = {"iteration": "step", "global_rank": "rank", "host": "node", "local_gpu": "gpu",
-               "name": "kernel", "ms": "duration_us", "comment": None}
+    mapping = {
+        "iteration": "step",
+        "global_rank": "rank",
+        "host": "node",
+        "local_gpu": "gpu",
+        "name": "kernel",
+        "ms": "duration_us",
+        "comment": None,
+    }
     df, report = read_tabular(path, column_map=mapping, units="ms")
     df = validate_table(df)
     assert df["duration_us"].tolist() == [250.0, 1500.0]
@@ -56,8 +65,10 @@ def test_column_map_units_and_defaults(tmp_path):
 
 def test_step_level_table_gets_whole_job_markers(tmp_path):
     path = tmp_path / "steps.csv"
-    path.write_text("run,step,kernel,kernel_class,duration_us\nA,0,train_step,step,1e6\n"
-                    "A,1,train_step,step,1.1e6\n")
+    path.write_text(
+        "run,step,kernel,kernel_class,duration_us\nA,0,train_step,step,1e6\n"
+        "A,1,train_step,step,1.1e6\n"
+    )
     df, report = read_tabular(path, run="B")
     df = validate_table(df)
     assert (df["rank"] == -1).all() and (df["gpu"] == -1).all() and (df["node"] == "*").all()
@@ -69,9 +80,14 @@ def test_parquet_keeps_stored_metadata(tmp_path):
     csv.write_text(ROWS)
     df, _ = read_tabular(csv)
     df = validate_table(df)
-    df.attrs = {"schema_version": 1, "runs": {"r1": {"platform": "H100", "world_size": 2,
-                                                    "gpus_per_node": 2, "plan": {"dp": 2}}},
-                "skipped": {}, "notes": ["stored note"]}
+    df.attrs = {
+        "schema_version": 1,
+        "runs": {
+            "r1": {"platform": "H100", "world_size": 2, "gpus_per_node": 2, "plan": {"dp": 2}}
+        },
+        "skipped": {},
+        "notes": ["stored note"],
+    }
     pq = tmp_path / "t.parquet"
     write_table(df, pq)
     assert can_read(pq, pq.read_bytes()[:64])
@@ -84,22 +100,33 @@ def test_parquet_keeps_stored_metadata(tmp_path):
 def test_several_runs_are_reported(tmp_path):
     path = tmp_path / "two.csv"
     path.write_text(ROWS.replace("r1,1,", "r2,1,").replace(",\n", ",5\n").replace("-2", "6"))
-    df, report = read_tabular(path)
+    _, report = read_tabular(path)
     assert set(report["runs"]) == {"r1", "r2"} and report["run"] == "r1"
 
 
 def test_errors_are_exact(tmp_path):
     path = tmp_path / "bad.csv"
-    path.write_text("run,step,rank,node,gpu,kernel,kernel_class,duration_us,extra,more\n"
-                    "r,0,0,n,0,k,gemm,1,2,3\n")
-    with pytest.raises(TraceFormatError, match=r"bad.csv: extra, more: unknown column\(s\); map "
-                       r"them .* known columns are run, step, rank"):
+    path.write_text(
+        "run,step,rank,node,gpu,kernel,kernel_class,duration_us,extra,more\n"
+        "r,0,0,n,0,k,gemm,1,2,3\n"
+    )
+    with pytest.raises(
+        TraceFormatError,
+        match=r"bad.csv: extra, more: unknown column\(s\); map "
+        r"them .* known columns are run, step, rank",
+    ):
         read_tabular(path)
-    with pytest.raises(TraceFormatError, match=r"column_map: names column\(s\) not in the file: "
-                       r"nope"):
+    with pytest.raises(
+        TraceFormatError,
+        match=r"column_map: names column\(s\) not in the file: "
+        r"nope",
+    ):
         read_tabular(path, column_map={"nope": "step"})
-    with pytest.raises(TraceFormatError, match=r"column_map: maps to non-schema column\(s\): "
-                       r"flops"):
+    with pytest.raises(
+        TraceFormatError,
+        match=r"column_map: maps to non-schema column\(s\): "
+        r"flops",
+    ):
         read_tabular(path, column_map={"extra": "flops", "more": None})
     with pytest.raises(TraceFormatError, match=r"units: unknown unit.*'hours'"):
         read_tabular(path, column_map={"extra": None, "more": None}, units="hours")
@@ -112,9 +139,10 @@ def test_errors_are_exact(tmp_path):
         for c in ("step", "rank", "node", "gpu")
     ]
     nothing = tmp_path / "n.csv"
-    nothing.write_text("run,step,rank,node,gpu,kernel,kernel_class,duration_us\n"
-                       "r,0,0,n,0,k,gemm,0\n")
-    with pytest.raises(TraceFormatError, match="n.csv: duration_us: no row has a valid duration"):
+    nothing.write_text(
+        "run,step,rank,node,gpu,kernel,kernel_class,duration_us\nr,0,0,n,0,k,gemm,0\n"
+    )
+    with pytest.raises(TraceFormatError, match=r"n\.csv: duration_us: no row has a valid duration"):
         read_tabular(nothing)
     assert not can_read(Path("x.json"), b"{}")
     assert not can_read(Path("x.csv"), b"a,b,c\n1,2,3\n")

@@ -30,12 +30,13 @@ KERNEL_CLASSES = {"gemm_a": "gemm", "gemm_b": "gemm", "add": "elementwise"}
 
 @pytest.fixture(scope="module")
 def kernel_table() -> pd.DataFrame:
-    """8 nodes x 4 GPUs x 6 steps x 3 kernels, lognormal with per-class sd, no unit effects."""
+    """8 nodes x 4 GPUs x 6 steps x 3 kernels x 2 launches, lognormal with per-class sd, no unit
+    effects."""
     rng = np.random.default_rng(7)
     nodes, gpus, steps = 8, 4, 6
     grid = pd.MultiIndex.from_product(
-        [range(nodes), range(gpus), range(steps), list(KERNEL_MEDIANS_US)],
-        names=["n", "gpu", "step", "kernel"],
+        [range(nodes), range(gpus), range(steps), list(KERNEL_MEDIANS_US), range(2)],
+        names=["n", "gpu", "step", "kernel", "launch"],
     ).to_frame(index=False)
     sd = grid["kernel"].map({"gemm_a": 0.1, "gemm_b": 0.1, "add": 0.3})
     grid["duration_us"] = grid["kernel"].map(KERNEL_MEDIANS_US) * np.exp(
@@ -151,7 +152,8 @@ def test_pooled_baseline_is_a_degenerate_posterior_with_the_mle(kernel_table):
     assert dict(post.sizes) == {"chain": 1, "draw": 1, "kernel": 3, "kernel_class": 2}
     assert tree.attrs["model_kind"] == "kernel" and tree.attrs["draws"] == 1
     assert "node_population" not in post.attrs and post.attrs["collective_model"] == []
-    assert {"posterior", "sample_stats", "observed_data", "constant_data"} <= set(tree.children)
+    assert set(tree.children) == {"posterior", "sample_stats", "observed_data", "constant_data",
+                                  "inventory"}
     log_d = np.log(kernel_table["duration_us"].to_numpy())
     kernel = kernel_table["kernel"].astype(str).to_numpy()
     for name in KERNEL_MEDIANS_US:
@@ -289,6 +291,7 @@ def test_cli_without_heldout_or_split_exits_2(kernel_table, tmp_path, capsys):
     assert "give --heldout PATH... or --split" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a real fit: ~30-90 s, mostly compilation
 @pytest.mark.skipif(importlib.util.find_spec("bayesprism.inference") is None,
                     reason="bayesprism.inference (fit) is not written yet")
 def test_cli_json_with_the_bayesprism_fit(kernel_table, tmp_path, capsys):

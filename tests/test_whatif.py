@@ -52,12 +52,16 @@ def test_bandwidth_and_latency_change_the_data_parallel_allreduce_exactly():
     assert lat["deltas"]["mean_s"]["estimate"] == pytest.approx(2 * (lower_latency - one) / 1e6)
     intra_only = what_if(post, plan, {"latency": {"allreduce/intra": 0.5}}, draws=4, replicates=2)
     assert intra_only["deltas"]["mean_s"]["estimate"] == 0.0
+    # a faster collective class with the cost model: its whole transfer takes (1 - x) of the time
+    halved = what_if(post, plan, {"faster": {"allreduce": 0.5}}, draws=4, replicates=2)
+    assert halved["deltas"]["mean_s"]["estimate"] == pytest.approx(-one / 1e6, rel=1e-9)
 
 
 def test_no_change_gives_exactly_zero_deltas_under_variability():
     """Common random numbers: the same draws and seed give identical forecasts."""
     post = make_posterior(
-        draws=10, scales={"gpustep": {"gemm": 0.2}, "step": {"attention": 0.1}},
+        draws=10,
+        scales={"gpustep": {"gemm": 0.2}, "step": {"attention": 0.1}},
         coll_noise={"allreduce": 0.3},
     )
     result = what_if(post, _plan(dp=4), Changes(), draws=10, replicates=16, random_seed=3)
@@ -70,7 +74,11 @@ def test_microbatches_and_schedule_match_direct_compositions_with_the_same_seed(
     post = make_posterior(draws=8, scales={"gpustep": {"gemm": 0.1}})
     base_plan = _plan(dp=1, pp=4, microbatches=4, schedule="gpipe", activation_bytes=1e6)
     result = what_if(
-        post, base_plan, {"microbatches": 8, "schedule": "1f1b"}, draws=8, replicates=8,
+        post,
+        base_plan,
+        {"microbatches": 8, "schedule": "1f1b"},
+        draws=8,
+        replicates=8,
         random_seed=5,
     )
     changed_plan = _plan(dp=1, pp=4, microbatches=8, schedule="1f1b", activation_bytes=1e6)

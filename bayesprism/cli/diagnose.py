@@ -24,11 +24,18 @@ def register(subparsers) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("posterior", metavar="POSTERIOR", help="posterior file written by fit")
-    parser.add_argument("--out", metavar="DIR", default=None,
-                        help="write the diagnostic plots (PNG) into this directory")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="write the diagnostic plots (PNG) into this directory",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    parser.add_argument("--strict", action="store_true",
-                        help=f"exit {EXIT_UNTRUSTED} when the fit cannot be trusted")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help=f"exit {EXIT_UNTRUSTED} when the fit cannot be trusted",
+    )
     add_common(parser)
     parser.set_defaults(func=run)
 
@@ -59,14 +66,19 @@ def write_plots(posterior, report, out_dir: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     if len(report.convergence):
-        draws = worst_draws(posterior, report, k=6)
-        written += [plots.plot_trace(draws, out / "trace.png"),
-                    plots.plot_rank(draws, out / "rank.png")]
+        draws = worst_draws(posterior, report, k=4)
+        written += [
+            plots.plot_trace(draws, out / "trace.png"),
+            plots.plot_rank(draws, out / "rank.png"),
+        ]
     if report.ppc_values:
         written.append(plots.plot_ppc(report.ppc_values, report.ppc, out / "ppc.png"))
     if len(report.variance_components):
-        written.append(plots.plot_variance_components(report.variance_components,
-                                                      out / "variance_components.png"))
+        written.append(
+            plots.plot_variance_components(
+                report.variance_components, out / "variance_components.png"
+            )
+        )
     for level, table in report.unit_effects.items():
         written.append(plots.plot_unit_effects(table, out / f"{level}_effects.png", level=level))
     return written
@@ -74,26 +86,35 @@ def write_plots(posterior, report, out_dir: str | Path) -> list[Path]:
 
 def format_report(report) -> str:
     """The human-readable summary printed by the command."""
-    lines = ["fit OK: no problem found" if report.ok else
-             f"fit NOT trustworthy: {len(report.problems)} problem(s)"]
+    lines = [
+        "fit OK: no problem found"
+        if report.ok
+        else f"fit NOT trustworthy: {len(report.problems)} problem(s)"
+    ]
     bfmi = "n/a" if report.bfmi_min is None else f"{report.bfmi_min:.2f}"
-    lines += [f"  max R-hat      {report.max_rhat:.3f}",
-              f"  min ESS bulk   {report.min_ess_bulk:.0f}",
-              f"  min ESS tail   {report.min_ess_tail:.0f}",
-              f"  divergences    {report.divergences}",
-              f"  min BFMI       {bfmi}"]
+    lines += [
+        f"  max R-hat      {report.max_rhat:.3f}",
+        f"  min ESS bulk   {report.min_ess_bulk:.0f}",
+        f"  min ESS tail   {report.min_ess_tail:.0f}",
+        f"  divergences    {report.divergences}",
+        f"  min BFMI       {bfmi}",
+    ]
     if report.ppc:
         lines.append("posterior predictive check (cell mean duration per kernel class):")
         for cls, v in report.ppc.items():
-            lines.append(f"  {cls:<14} cells {v['n_cells']:>6}  KS {v['ks_distance']:.3f}  "
-                         f"50% cover {v['coverage_50']:.0%}  90% cover {v['coverage_90']:.0%}  "
-                         f"median obs/pred {v['observed_median_us']:.4g}/"
-                         f"{v['predicted_median_us']:.4g} µs")
+            lines.append(
+                f"  {cls:<14} cells {v['n_cells']:>6}  KS {v['ks_distance']:.3f}  "
+                f"50% cover {v['coverage_50']:.0%}  90% cover {v['coverage_90']:.0%}  "
+                f"median obs/pred {v['observed_median_us']:.4g}/"
+                f"{v['predicted_median_us']:.4g} µs"
+            )
     if report.step_time_check:
         s = report.step_time_check
-        lines.append(f"step time: observed median {s['observed_median_s']:.4g} s, predicted "
-                     f"{s['predicted_median_s']:.4g} s (90% interval {s['predicted_p05_s']:.4g}"
-                     f"–{s['predicted_p95_s']:.4g} s), 90% coverage {s['coverage_90']:.0%}")
+        lines.append(
+            f"step time: observed median {s['observed_median_s']:.4g} s, predicted "
+            f"{s['predicted_median_s']:.4g} s (90% interval {s['predicted_p05_s']:.4g}"
+            f"–{s['predicted_p95_s']:.4g} s), 90% coverage {s['coverage_90']:.0%}"
+        )
     lines += [f"problem: {p}" for p in report.problems]
     lines += [f"note: {n}" for n in report.notes]
     return "\n".join(lines)

@@ -22,17 +22,28 @@ def register(subparsers) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("posterior", metavar="POSTERIOR", help="posterior file written by fit")
-    parser.add_argument("--forecast", metavar="FORECAST.nc", default=None,
-                        help="forecast file written by forecast")
-    parser.add_argument("--sensitivity", metavar="S.json", default=None,
-                        help="output of `bayesprism sensitivity --json`")
-    parser.add_argument("--placement", metavar="P.json", default=None,
-                        help="output of `bayesprism place --json`")
-    parser.add_argument("--command", action="append", default=[], metavar="CMD",
-                        help="a command that produced the inputs, shown in the report "
-                        "(repeatable)")
-    parser.add_argument("-o", "--output", required=True, metavar="report.html",
-                        help="HTML file to write")
+    parser.add_argument(
+        "--forecast", metavar="FORECAST.nc", default=None, help="forecast file written by forecast"
+    )
+    parser.add_argument(
+        "--sensitivity",
+        metavar="S.json",
+        default=None,
+        help="output of `bayesprism sensitivity --json`",
+    )
+    parser.add_argument(
+        "--placement", metavar="P.json", default=None, help="output of `bayesprism place --json`"
+    )
+    parser.add_argument(
+        "--command",
+        action="append",
+        default=[],
+        metavar="CMD",
+        help="a command that produced the inputs, shown in the report (repeatable)",
+    )
+    parser.add_argument(
+        "-o", "--output", required=True, metavar="report.html", help="HTML file to write"
+    )
     add_common(parser)
     parser.set_defaults(func=run)
 
@@ -45,12 +56,18 @@ def read_json(path: str, option: str, required_key: str) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(Problem(path, option, f"not valid JSON ({exc.msg} at line "
-                                 f"{exc.lineno})")) from None
+        raise InputError(
+            Problem(path, option, f"not valid JSON ({exc.msg} at line {exc.lineno})")
+        ) from None
     if not isinstance(value, dict) or required_key not in value:
-        raise InputError(Problem(path, option, f"expected a JSON object with key "
-                                 f"{required_key!r}", example=type(value).__name__
-                                 if not isinstance(value, dict) else sorted(value)[:5]))
+        raise InputError(
+            Problem(
+                path,
+                option,
+                f"expected a JSON object with key {required_key!r}",
+                example=type(value).__name__ if not isinstance(value, dict) else sorted(value)[:5],
+            )
+        )
     return value
 
 
@@ -61,13 +78,20 @@ def run(args: argparse.Namespace) -> int:
 
     posterior = load_artifact(args.posterior)
     forecast = load_artifact(args.forecast) if args.forecast else None
-    sensitivity = (read_json(args.sensitivity, "--sensitivity", "contributions")
-                   if args.sensitivity else None)
+    sensitivity = (
+        read_json(args.sensitivity, "--sensitivity", "contributions") if args.sensitivity else None
+    )
     placement = read_json(args.placement, "--placement", "assignment") if args.placement else None
     this_command = shlex.join(["bayesprism", *sys.argv[1:]]) if sys.argv[1:] else None
     commands = [*args.command, *([this_command] if this_command else [])]
-    path = write_report(posterior, args.output, forecast=forecast, sensitivity=sensitivity,
-                        placement=placement, commands=commands)
+    path = write_report(
+        posterior,
+        args.output,
+        forecast=forecast,
+        sensitivity=sensitivity,
+        placement=placement,
+        commands=commands,
+    )
     if not args.quiet:
         sys.stdout.write(f"wrote {path}\n")
     return 0

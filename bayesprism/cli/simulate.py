@@ -17,11 +17,19 @@ def register(sub) -> None:
     p.add_argument("--nodes", type=int, required=True, help="number of nodes")
     p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs (ranks) per node")
     p.add_argument("--steps", type=int, required=True, help="profiled steps per rank")
-    p.add_argument("--degraded-nodes", type=int, default=0,
-                   help="nodes in the slow component of the node population (default 0)")
+    p.add_argument(
+        "--degraded-nodes",
+        type=int,
+        default=0,
+        help="nodes in the slow component of the node population (default 0)",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--kernels-per-step", type=int, default=200,
-                   help="GPU kernels per rank and step, collectives included (default 200)")
+    p.add_argument(
+        "--kernels-per-step",
+        type=int,
+        default=200,
+        help="GPU kernels per rank and step, collectives included (default 200)",
+    )
     p.add_argument("-o", "--out", type=Path, required=True, help="output folder")
     p.add_argument("--json", action="store_true", help="print the truth as JSON")
     add_common(p)
@@ -39,12 +47,15 @@ def run(args) -> int:
         degraded_nodes=args.degraded_nodes,
         seed=args.seed,
         kernels_per_step=args.kernels_per_step,
+        progress=not args.quiet,
     )
     if args.json:
         print_json(truth)
     elif not args.quiet:
         degraded = ", ".join(truth["degraded_nodes"]) or "none"
-        print(f"wrote {len(truth['files'])} trace files and truth.json to {args.out} "
-              f"(world size {truth['world_size']}, {len(truth['steps'])} steps, "
-              f"degraded nodes: {degraded})")
+        print(
+            f"wrote {len(truth['files'])} trace files and truth.json to {args.out} "
+            f"(world size {truth['world_size']}, {len(truth['steps'])} steps, "
+            f"degraded nodes: {degraded})"
+        )
     return 0

@@ -61,12 +61,16 @@ _ID_COLUMNS = {
 }
 #: (layout name, columns that identify it, timing column, unit, note or None)
 PAL_LAYOUTS: tuple[tuple[str, frozenset, str, str, str | None], ...] = (
-    ("PAL Lonestar6 aggregate", frozenset({"mean_iter_dur_mean"}), "mean_iter_dur_mean", "s",
-     None),
+    ("PAL Lonestar6 aggregate", frozenset({"mean_iter_dur_mean"}), "mean_iter_dur_mean", "s", None),
     ("PAL Longhorn", frozenset({"perf", "freq", "kern_max_start"}), "perf", "ms", None),
-    ("PAL Frontera PageRank", frozenset({"perf", "perf_avg"}), "perf", "ns",
-     "the unit of perf in PAL's Frontera PageRank table is not documented upstream; it is "
-     "read as ns (an assumption: only ratios between GPUs are meaningful)"),
+    (
+        "PAL Frontera PageRank",
+        frozenset({"perf", "perf_avg"}),
+        "perf",
+        "ns",
+        "the unit of perf in PAL's Frontera PageRank table is not documented upstream; it is "
+        "read as ns (an assumption: only ratios between GPUs are meaningful)",
+    ),
     ("PAL Frontera", frozenset({"mean_iter_dur", "reps"}), "mean_iter_dur", "s", None),
 )
 #: GPU model of the TACC clusters in the PAL data (from TACC's documentation, not in the files).
@@ -133,10 +137,17 @@ def read_gpu_benchmark(
     cols = _find_id_columns(table)
     missing = [k for k in ("node", "gpu") if k not in cols]
     if missing:
-        raise TraceFormatError([
-            Problem(source, k, f"no {k} column (expected one of {', '.join(_ID_COLUMNS[k])}); "
-                    f"columns are {', '.join(map(str, table.columns))}") for k in missing
-        ])
+        raise TraceFormatError(
+            [
+                Problem(
+                    source,
+                    k,
+                    f"no {k} column (expected one of {', '.join(_ID_COLUMNS[k])}); "
+                    f"columns are {', '.join(map(str, table.columns))}",
+                )
+                for k in missing
+            ]
+        )
     value_column, unit = _timing_column(table, value_column, unit, source, notes)
     factor = UNIT_TO_US[unit]
 
@@ -151,8 +162,11 @@ def read_gpu_benchmark(
         skipped[SKIP_BAD_VALUE] = int((~good).sum())
     table, values = table.loc[good], values[good]
     if len(table) == 0:
-        raise TraceFormatError(Problem(source, value_column, "no valid (finite, > 0) timing value",
-                                       sum(skipped.values())))
+        raise TraceFormatError(
+            Problem(
+                source, value_column, "no valid (finite, > 0) timing value", sum(skipped.values())
+            )
+        )
 
     node_number = table[cols["node"]].map(_node_label)
     if "cabinet" in cols:
@@ -164,34 +178,51 @@ def read_gpu_benchmark(
     gpu = pd.to_numeric(table[cols["gpu"]], errors="coerce")
     if gpu.isna().any() or (gpu < 0).any():
         bad = table[cols["gpu"]][gpu.isna() | (gpu < 0)].iloc[0]
-        raise TraceFormatError(Problem(source, cols["gpu"], "GPU index must be an integer >= 0",
-                                       int((gpu.isna() | (gpu < 0)).sum()), bad))
+        raise TraceFormatError(
+            Problem(
+                source,
+                cols["gpu"],
+                "GPU index must be an integer >= 0",
+                int((gpu.isna() | (gpu < 0)).sum()),
+                bad,
+            )
+        )
     gpu = gpu.astype("int64")
-    workload = (table[cols["workload"]].astype(str) if "workload" in cols
-                else pd.Series(_stem(path), index=table.index))
+    workload = (
+        table[cols["workload"]].astype(str)
+        if "workload" in cols
+        else pd.Series(_stem(path), index=table.index)
+    )
     workloads = sorted(workload.unique())
     cluster = _cluster(table, cols, path, workloads)
     if run is None:
         run = f"{cluster}/{workloads[0]}" if len(workloads) == 1 else f"{cluster}/{_stem(path)}"
 
     units = pd.DataFrame({"node": node.to_numpy(), "gpu": gpu.to_numpy()}, index=table.index)
-    order = units.assign(cab=cabinet if cabinet is not None else "",
-                         num=pd.to_numeric(node_number, errors="coerce").fillna(-1))
+    order = units.assign(
+        cab=cabinet if cabinet is not None else "",
+        num=pd.to_numeric(node_number, errors="coerce").fillna(-1),
+    )
     ranked = order.drop_duplicates(["node", "gpu"]).sort_values(["cab", "num", "node", "gpu"])
-    rank_of = {(n, g): i for i, (n, g) in enumerate(zip(ranked["node"], ranked["gpu"]))}
-    rank = np.array([rank_of[(n, g)] for n, g in zip(units["node"], units["gpu"])], dtype=np.int64)
+    pairs = zip(ranked["node"], ranked["gpu"], strict=True)
+    rank_of = {(n, g): i for i, (n, g) in enumerate(pairs)}
+    rank = np.array(
+        [rank_of[(n, g)] for n, g in zip(units["node"], units["gpu"], strict=True)], dtype=np.int64
+    )
     step = _repeat_index(table, cols, rank, notes)
 
-    out = pd.DataFrame({
-        "run": run,
-        "step": step,
-        "rank": rank,
-        "node": node.to_numpy(),
-        "gpu": gpu.to_numpy(),
-        "kernel": workload.to_numpy(),
-        "kernel_class": "benchmark",
-        "duration_us": values,
-    })
+    out = pd.DataFrame(
+        {
+            "run": run,
+            "step": step,
+            "rank": rank,
+            "node": node.to_numpy(),
+            "gpu": gpu.to_numpy(),
+            "kernel": workload.to_numpy(),
+            "kernel_class": "benchmark",
+            "duration_us": values,
+        }
+    )
     if cabinet is not None:
         out["cabinet"] = cabinet.to_numpy()
     out = out.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
@@ -205,7 +236,7 @@ def read_gpu_benchmark(
         "platform": TACC_GPUS.get(cluster.lower()),
         "cluster": cluster,
         "workloads": workloads,
-        "world_size": int(len(rank_of)),
+        "world_size": len(rank_of),
         "gpus_per_node": gpus_per_node,
         "nodes": int(out["node"].nunique()),
         "cabinets": int(out["cabinet"].nunique()) if cabinet is not None else None,
@@ -262,27 +293,51 @@ def _timing_column(table, value_column, unit, source, notes) -> tuple[str, str]:
         else:
             factors = sorted(c for c in columns if c.lower().startswith("perfvar"))
             if factors:
-                raise TraceFormatError(Problem(
-                    source, ", ".join(factors),
-                    "these are per-GPU slowdown factors relative to the median GPU, not "
-                    "durations; this file is not a benchmark timing table (pass value_column= "
-                    "and unit= to read a column anyway)"))
-            raise TraceFormatError(Problem(
-                source, "value_column",
-                "no timing column recognised; pass value_column= and unit=; columns are "
-                + ", ".join(map(str, table.columns))))
+                raise TraceFormatError(
+                    Problem(
+                        source,
+                        ", ".join(factors),
+                        "these are per-GPU slowdown factors relative to the median GPU, not "
+                        "durations; this file is not a benchmark timing table (pass value_column= "
+                        "and unit= to read a column anyway)",
+                    )
+                )
+            raise TraceFormatError(
+                Problem(
+                    source,
+                    "value_column",
+                    "no timing column recognised; pass value_column= and unit=; columns are "
+                    + ", ".join(map(str, table.columns)),
+                )
+            )
     if value_column not in columns:
-        raise TraceFormatError(Problem(source, value_column, "no such column; columns are "
-                                       + ", ".join(map(str, table.columns))))
+        raise TraceFormatError(
+            Problem(
+                source,
+                value_column,
+                "no such column; columns are " + ", ".join(map(str, table.columns)),
+            )
+        )
     if unit is None:
         suffix = re.search(r"_(ns|us|ms|s)$", value_column)
         if not suffix:
-            raise TraceFormatError(Problem(source, "unit", f"unit of {value_column!r} unknown; "
-                                           "pass unit= (ns, us, ms or s)"))
+            raise TraceFormatError(
+                Problem(
+                    source,
+                    "unit",
+                    f"unit of {value_column!r} unknown; pass unit= (ns, us, ms or s)",
+                )
+            )
         unit = suffix.group(1)
     if unit not in UNIT_TO_US:
-        raise TraceFormatError(Problem(source, "unit", "unknown unit; expected one of "
-                                       + ", ".join(UNIT_TO_US), example=unit))
+        raise TraceFormatError(
+            Problem(
+                source,
+                "unit",
+                "unknown unit; expected one of " + ", ".join(UNIT_TO_US),
+                example=unit,
+            )
+        )
     return value_column, unit
 
 
@@ -317,9 +372,14 @@ def _repeat_index(table, cols, rank, notes) -> np.ndarray:
         if unique and (rep >= 0).all() and (rep == rep.round()).all():
             return rep.astype("int64").to_numpy()
     if "time" in cols:
-        order = pd.DataFrame({"rank": keys, "t": pd.to_numeric(table[cols["time"]],
-                                                               errors="coerce"),
-                              "row": np.arange(len(table))}, index=table.index)
+        order = pd.DataFrame(
+            {
+                "rank": keys,
+                "t": pd.to_numeric(table[cols["time"]], errors="coerce"),
+                "row": np.arange(len(table)),
+            },
+            index=table.index,
+        )
         order = order.sort_values(["rank", "t", "row"])
         step = order.groupby("rank").cumcount()
         notes.append(f"repeat index of each GPU = order of its runs in time ({cols['time']})")

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bayesprism.errors import InputError, IngestWarning, Problem, TraceFormatError
+from bayesprism.errors import IngestWarning, InputError, Problem, TraceFormatError
 from bayesprism.ingest.summary import SummaryAccumulator
 from bayesprism.ingest.waits import split_notes, split_wait_transfer
 from bayesprism.schema import (
@@ -329,7 +329,9 @@ def _iter_read(files: list[TraceFile], options: dict, collector: _Collector,
     host_ok = _host_names_usable(kineto_files) if kineto_files else {}
     del paths
 
-    bar = tqdm(sniffed, desc="ingest", unit="file", disable=not progress, leave=False)
+    # disable=None: a bar only on a terminal, so logs and pipes get no progress noise.
+    bar = tqdm(sniffed, desc="ingest", unit="file", disable=None if progress else True,
+               leave=False)
     for f, (fmt, reader) in bar:
         file_options = dict(options)
         if fmt == "kineto":
@@ -482,9 +484,13 @@ def _to_arrow(df: pd.DataFrame, schema):
         if fld.name in df.columns:
             series = df[fld.name]
             if pa.types.is_dictionary(fld.type):
-                values = series.astype(object).where(series.notna(), None)
-                arr = pa.array(values.to_numpy(dtype=object), type=pa.string()).dictionary_encode()
-                arr = arr.cast(fld.type)
+                if not isinstance(series.dtype, pd.CategoricalDtype):
+                    series = series.astype("category")
+                codes = series.cat.codes.to_numpy()
+                arr = pa.DictionaryArray.from_arrays(
+                    pa.array(codes.astype(np.int32), mask=codes < 0),
+                    pa.array(series.cat.categories.astype(str).to_numpy(dtype=object),
+                             type=pa.string()))
             elif pa.types.is_integer(fld.type):
                 arr = pa.array(series.astype("Int64").to_numpy(dtype=object, na_value=None)
                                if series.hasnans else series.to_numpy(dtype=np.int64),

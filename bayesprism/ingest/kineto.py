@@ -28,17 +28,14 @@ What is read, and how (DESIGN §4):
 * ``occurrence`` is the n-th (from 0) launch of the same normalised kernel name on the rank in
   the step, in GPU start order.
 
-Parsing uses ``orjson`` (falls back to the standard library for JSON with ``NaN`` literals);
-events are scanned once and only a few flat lists are kept, then everything is vectorised.
+Decoding is in :mod:`bayesprism.ingest.kineto_json` (fast, slice by slice); the events are
+scanned once into a few flat lists, then everything is vectorised.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
 import warnings
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -51,16 +48,9 @@ from bayesprism.ingest.classify import (
     is_nccl_kernel,
     normalize_kernel_name,
 )
+from bayesprism.ingest.kineto_json import STEP_PREFIX, SliceLayoutError, load_trace, scan_events
 from bayesprism.schema import KERNEL_CLASS_DTYPE, coerce_table
 
-try:  # orjson is several times faster than the standard library on large traces
-    import orjson as _orjson
-except ModuleNotFoundError:  # pragma: no cover - optional speed-up
-    _orjson = None
-
-GPU_ACTIVITY_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
-STEP_PREFIX = "ProfilerStep#"
 DEFAULT_GPUS_PER_NODE = 8
 
 SKIP_OUTSIDE_STEP = "kernel outside any ProfilerStep"
@@ -99,38 +89,6 @@ def can_read(path: Path, head: bytes) -> bool:
         return False
     return any(key in head for key in (b'"traceEvents"', b'"distributedInfo"',
                                        b'"deviceProperties"', b'"schemaVersion"'))
-
-
-def load_trace_json(path: Path) -> dict:
-    """Read, decompress and parse one trace file; raises TraceFormatError naming the file."""
-    source = str(path)
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except EOFError:
-            raise TraceFormatError(Problem(
-                source, "", "truncated gzip: the compressed data ends before the end-of-stream "
-                "marker (incomplete copy?)")) from None
-        except (OSError, zlib.error) as exc:
-            raise TraceFormatError(Problem(source, "", f"corrupt gzip data: {exc}")) from None
-    try:
-        data = _orjson.loads(raw) if _orjson is not None else json.loads(raw)
-    except ValueError:
-        # The standard library accepts NaN/Infinity literals that orjson rejects, and names the
-        # line and column of a syntax error.
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise TraceFormatError(Problem(source, "", f"invalid JSON: {exc}")) from None
-    if not isinstance(data, dict):
-        raise TraceFormatError(Problem(source, "", "not a Chrome-trace JSON object "
-                                       f"(top level is a {type(data).__name__})"))
-    events = data.get("traceEvents")
-    if not isinstance(events, list):
-        raise TraceFormatError(Problem(source, "traceEvents",
-                                       "missing or not a list: not a PyTorch profiler trace"))
-    return data
 
 
 def _as_float(values: list) -> np.ndarray:
@@ -172,7 +130,8 @@ def _lookup_step(times: np.ndarray, starts: np.ndarray, ends: np.ndarray,
 
 
 def _node_of(path: Path, host, devices, rank: int, *, node, gpus_per_node, rank_to_node,
-             host_from_file_name: bool, source: str) -> tuple[str | None, str | None, Problem | None]:
+             host_from_file_name: bool, source: str,
+             ) -> tuple[str | None, str | None, Problem | None]:
     """(node, note, problem) for this rank; the note says when the node was guessed."""
     if node is not None:
         return str(node), None, None
@@ -238,12 +197,12 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
     """
     path = Path(path)
     source = str(path)
-    data = load_trace_json(path)
+    data, events = load_trace(path)
     problems: list[Problem] = []
     notes: list[str] = []
     run = run if run is not None else (path.resolve().parent.name or "run")
 
-    info = data.get("distributedInfo")
+    info = data.distributedInfo
     if isinstance(info, dict) and "rank" in info:
         try:
             rank = int(info["rank"])
@@ -261,52 +220,20 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
         notes.append(f"{path.name}: no distributedInfo; rank {rank} and world size "
                      f"{world_size} taken from the options")
 
-    names: list = []
-    is_kernel: list = []
-    ts: list = []
-    dur: list = []
-    device: list = []
-    stream: list = []
-    corr: list = []
-    coll_rows: list[int] = []
-    coll_args: list[dict] = []
-    launch_corr: list = []
-    launch_ts: list = []
-    cpu_steps: list = []
-    gpu_steps: list = []
-    for ev in data["traceEvents"]:
-        cat = ev.get("cat")
-        if cat in LAUNCH_CATEGORIES:
-            args = ev.get("args")
-            if args is not None:
-                c = args.get("correlation")
-                if c is not None:
-                    launch_corr.append(c)
-                    launch_ts.append(ev.get("ts"))
-        elif cat in GPU_ACTIVITY_CATEGORIES:
-            if ev.get("ph") != "X":
-                continue
-            args = ev.get("args") or {}
-            names.append(ev.get("name"))
-            is_kernel.append(cat == "kernel")
-            ts.append(ev.get("ts"))
-            dur.append(ev.get("dur"))
-            device.append(args.get("device"))
-            stream.append(args.get("stream"))
-            corr.append(args.get("correlation"))
-            if "Collective name" in args or "In msg nelems" in args:
-                coll_rows.append(len(names) - 1)
-                coll_args.append(args)
-        elif cat == "user_annotation" or cat == "gpu_user_annotation":
-            name = ev.get("name")
-            if isinstance(name, str) and name.startswith(STEP_PREFIX):
-                (cpu_steps if cat == "user_annotation" else gpu_steps).append(
-                    (name, ev.get("ts"), ev.get("dur")))
+    try:
+        scan = scan_events(events(True))
+    except SliceLayoutError:
+        scan = scan_events(events(False))
+    names, is_kernel, ts, dur = scan.names, scan.is_kernel, scan.ts, scan.dur
+    device, stream, corr = scan.device, scan.stream, scan.corr
+    coll_rows, coll_args = scan.coll_rows, scan.coll_args
+    launch_corr, launch_ts = scan.launch_corr, scan.launch_ts
+    cpu_steps, gpu_steps = scan.cpu_steps, scan.gpu_steps
 
-    devices_meta = data.get("deviceProperties")
-    host_meta = data.get("host_name") or data.get("hostname")
-    job = data.get("mast_job_name") or data.get("tw_job")
-    del data  # the parsed events are the bulk of the memory: free them before the frames
+    devices_meta = data.deviceProperties
+    host_meta = data.host_name or data.hostname
+    job = data.mast_job_name or data.tw_job
+    del data, events  # the raw JSON is the bulk of the memory: free it before the frames
 
     n_kernels = sum(1 for n in names if isinstance(n, str))
     if not names:
@@ -366,9 +293,11 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
     # Kernel names: normalise and classify each distinct name once.
     codes, uniques = pd.factorize(pd.Series(names, dtype=object))
     norm = np.array([normalize_kernel_name(u) for u in uniques], dtype=object)
-    classes = np.array([classify_kernel(u) for u in uniques], dtype=object)
-    kernel = norm[codes]
-    kclass = classes[codes]
+    kernel_names, norm_code = np.unique(norm, return_inverse=True)
+    kernel_code = norm_code[codes]
+    class_index = {c: i for i, c in enumerate(KERNEL_CLASS_DTYPE.categories)}
+    class_code = np.array([class_index[classify_kernel(u)] for u in uniques], dtype=np.int8)
+    kclass = class_code[codes]
 
     # Collective details, where the profiler recorded them.
     n = len(names)
@@ -382,21 +311,20 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
         dtype_unique = np.array([_dtype_from_name(u) for u in norm], dtype=object)
         dtype[is_nccl] = dtype_unique[codes[is_nccl]]
     for i, args in zip(coll_rows, coll_args, strict=True):
-        cls = collective_class(args.get("Collective name"))
+        cls = collective_class(args.collective)
         if cls is not None and is_nccl[i]:
-            kclass[i] = cls
-        spelled = args.get("dtype")
+            kclass[i] = class_index[cls]
+        spelled = args.dtype
         if spelled is not None:
             dtype[i] = DTYPES.get(str(spelled).lower(), (str(spelled).lower(), 0))[0]
         size = DTYPES.get(str(spelled).lower(), (None, 0))[1] if spelled is not None else 0
-        nelems = [args.get("In msg nelems"), args.get("Out msg nelems")]
-        nelems = [v for v in nelems if isinstance(v, (int, float))]
+        nelems = [v for v in (args.in_nelems, args.out_nelems) if isinstance(v, (int, float))]
         if nelems and size:
             nbytes[i] = float(max(nelems)) * size
-        gs = args.get("Group size")
+        gs = args.group_size
         if isinstance(gs, (int, float)):
             group_size[i] = gs
-        pg = args.get("Process Group Name")
+        pg = args.process_group
         if pg is not None:
             process_group[i] = str(pg)
 
@@ -407,27 +335,33 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
     strm = _as_float(stream)
 
     platform = _platform(devices_meta, dev)
+    n_keep = int(keep.sum())
+
+    def constant(value: str) -> pd.Categorical:
+        return pd.Categorical.from_codes(np.zeros(n_keep, dtype=np.int8), categories=[value])
+
     df = pd.DataFrame({
-        "run": run,
+        "run": constant(run),
         "step": step[keep],
         "rank": rank,
-        "node": node_name,
+        "node": constant(node_name),
         "gpu": dev[keep].astype(np.int64),
-        "kernel": kernel[keep],
-        "kernel_class": pd.Categorical(kclass[keep], dtype=KERNEL_CLASS_DTYPE),
+        "kernel": pd.Categorical.from_codes(kernel_code[keep], categories=kernel_names),
+        "kernel_class": pd.Categorical.from_codes(kclass[keep], dtype=KERNEL_CLASS_DTYPE),
         "duration_us": duration[keep],
         "start_us": start[keep],
         "stream": pd.array(strm[keep], dtype="Int64"),
         "bytes": nbytes[keep],
-        "dtype": dtype[keep],
+        "dtype": pd.Categorical(dtype[keep]),
         "group_size": group_size[keep],
-        "process_group": process_group[keep],
+        "process_group": pd.Categorical(process_group[keep]),
         "wait_us": np.nan,
         "transfer_us": np.nan,
-        "source": path.name,
+        "source": constant(path.name),
     })
     df = df.sort_values(["step", "start_us"], kind="stable", ignore_index=True)
-    df["occurrence"] = df.groupby(["step", "kernel"], sort=False).cumcount().astype("Int64")
+    df["occurrence"] = df.groupby(["step", "kernel"], sort=False, observed=True).cumcount(
+    ).astype("Int64")
     df = coerce_table(df, source)
 
     run_meta = {

@@ -26,7 +26,8 @@ Choices worth knowing:
   condition is unknown), the system description ``<submitter>/systems/<system>.json``, and the
   values logged in the file (which are what actually ran). Disagreements are reported as notes.
   DP = GPUs / (TP × PP × CP); micro-batches per DP rank per step are the logged
-  ``gradient_accumulation_steps`` (else global batch / (DP × micro-batch size)).
+  ``gradient_accumulation_steps`` (else global batch / (DP × micro-batch size)); a numeric
+  ``INTERLEAVED_PIPELINE`` becomes ``plan["virtual_stages"]``.
 """
 
 from __future__ import annotations
@@ -61,15 +62,6 @@ _HYPER_KEYS = (
 )
 _CONFIG_NAME = re.compile(
     r"^config_(?P<system>.+?)_(?P<nodes>\d+)x(?P<gpus>\d+)x(?P<minibs>\d+)(?P<rest>.*)\.sh$"
-)
-_CONFIG_VARS = (
-    "DGXNNODES",
-    "DGXNGPU",
-    "MINIBS",
-    "MICRO_BATCH_SIZE",
-    "TENSOR_MODEL_PARALLEL",
-    "PIPELINE_MODEL_PARALLEL",
-    "CONTEXT_PARALLEL",
 )
 
 
@@ -116,7 +108,7 @@ def read_mlperf(path: Path, **options) -> tuple[pd.DataFrame, dict]:
             continue
         n_lines += 1
         try:
-            event = json.loads(line[at + len(MARKER):])
+            event = json.loads(line[at + len(MARKER) :])
             key = event["key"]
         except (ValueError, KeyError, TypeError):
             _count(skipped, SKIP_BAD_LINE)
@@ -152,8 +144,9 @@ def read_mlperf(path: Path, **options) -> tuple[pd.DataFrame, dict]:
     run = options.get("run") or _run_name(path, hyper)
     if steps:
         logged = np.array([s for s, _ in steps])
-        index = _step_index(logged, meta_run.get("global_batch"), meta_run.get("sequence_length"),
-                            notes)
+        index = _step_index(
+            logged, meta_run.get("global_batch"), meta_run.get("sequence_length"), notes
+        )
         durations = np.array([d for _, d in steps]) * 1e6
         kernel = "train_step"
     elif blocks:
@@ -168,24 +161,35 @@ def read_mlperf(path: Path, **options) -> tuple[pd.DataFrame, dict]:
         notes.append(f"{path}: no per-step timing; rows are training blocks (kernel train_block)")
     else:
         raise TraceFormatError(
-            Problem(str(path), "tracked_stats",
-                    "no train_step_time / train_step_timing entries and no block_start/block_stop "
-                    "pairs: nothing to time")
+            Problem(
+                str(path),
+                "tracked_stats",
+                "no train_step_time / train_step_timing entries and no block_start/block_stop "
+                "pairs: nothing to time",
+            )
         )
     if len(durations) == 0:
-        raise TraceFormatError(Problem(str(path), timing_key or "tracked_stats",
-                                       "every timing entry was invalid", sum(skipped.values())))
+        raise TraceFormatError(
+            Problem(
+                str(path),
+                timing_key or "tracked_stats",
+                "every timing entry was invalid",
+                sum(skipped.values()),
+            )
+        )
     n = len(durations)
-    df = pd.DataFrame({
-        "run": [run] * n,
-        "step": index.astype("int64"),
-        "rank": np.full(n, ALL_RANKS, dtype="int64"),
-        "node": [ALL_NODES] * n,
-        "gpu": np.full(n, ALL_RANKS, dtype="int64"),
-        "kernel": [kernel] * n,
-        "kernel_class": ["step"] * n,
-        "duration_us": durations.astype(float),
-    })
+    df = pd.DataFrame(
+        {
+            "run": [run] * n,
+            "step": index.astype("int64"),
+            "rank": np.full(n, ALL_RANKS, dtype="int64"),
+            "node": [ALL_NODES] * n,
+            "gpu": np.full(n, ALL_RANKS, dtype="int64"),
+            "kernel": [kernel] * n,
+            "kernel_class": ["step"] * n,
+            "duration_us": durations.astype(float),
+        }
+    )
     meta_run.update({"timing_key": timing_key, "status": status, "timed_steps": n})
     return df, {"run": run, "skipped": skipped, "notes": notes, "run_meta": meta_run}
 
@@ -291,8 +295,9 @@ def _run_metadata(path: Path, hyper: dict, notes: list[str]) -> dict:
     logged_nodes = _platform_nodes(hyper.get("submission_platform"))
     nodes = _as_int(system.get("number_of_nodes")) or logged_nodes
     if layout and benchmark:
-        config = _find_config(layout[0], str(benchmark), nodes,
-                              _as_int(system.get("accelerators_per_node")), notes)
+        config = _find_config(
+            layout[0], str(benchmark), nodes, _as_int(system.get("accelerators_per_node")), notes
+        )
         if config is not None:
             config_name = _parse_config_name(config.name)
             config_env = _read_config_env(config, sources)
@@ -305,23 +310,40 @@ def _run_metadata(path: Path, hyper: dict, notes: list[str]) -> dict:
         label, chosen = values[0]
         for other_label, other in values[1:]:
             if other != chosen:
-                notes.append(f"{name}: {label} says {chosen}, {other_label} says {other}; "
-                             f"using {chosen} ({label})")
+                notes.append(
+                    f"{name}: {label} says {chosen}, {other_label} says {other}; "
+                    f"using {chosen} ({label})"
+                )
         return chosen
 
-    nodes = pick("nodes", ("log", logged_nodes), ("system JSON", nodes),
-                 ("config", _as_int(config_env.get("DGXNNODES"))),
-                 ("config file name", config_name.get("nodes")))
-    gpus_per_node = pick("gpus per node",
-                         ("system JSON", _as_int(system.get("accelerators_per_node"))),
-                         ("config", _as_int(config_env.get("DGXNGPU"))),
-                         ("config file name", config_name.get("gpus")))
-    tp = pick("TP", ("config", _as_int(config_env.get("TENSOR_MODEL_PARALLEL"))),
-              ("config file name", config_name.get("tp")))
-    pp = pick("PP", ("config", _as_int(config_env.get("PIPELINE_MODEL_PARALLEL"))),
-              ("config file name", config_name.get("pp")))
-    cp = pick("CP", ("config", _as_int(config_env.get("CONTEXT_PARALLEL"))),
-              ("config file name", config_name.get("cp")))
+    nodes = pick(
+        "nodes",
+        ("log", logged_nodes),
+        ("system JSON", nodes),
+        ("config", _as_int(config_env.get("DGXNNODES"))),
+        ("config file name", config_name.get("nodes")),
+    )
+    gpus_per_node = pick(
+        "gpus per node",
+        ("system JSON", _as_int(system.get("accelerators_per_node"))),
+        ("config", _as_int(config_env.get("DGXNGPU"))),
+        ("config file name", config_name.get("gpus")),
+    )
+    tp = pick(
+        "TP",
+        ("config", _as_int(config_env.get("TENSOR_MODEL_PARALLEL"))),
+        ("config file name", config_name.get("tp")),
+    )
+    pp = pick(
+        "PP",
+        ("config", _as_int(config_env.get("PIPELINE_MODEL_PARALLEL"))),
+        ("config file name", config_name.get("pp")),
+    )
+    cp = pick(
+        "CP",
+        ("config", _as_int(config_env.get("CONTEXT_PARALLEL"))),
+        ("config file name", config_name.get("cp")),
+    )
     mbs = _as_int(config_env.get("MICRO_BATCH_SIZE"))
     for label, value in (("TP", tp), ("PP", pp), ("CP", cp)):
         if value is None:
@@ -332,8 +354,11 @@ def _run_metadata(path: Path, hyper: dict, notes: list[str]) -> dict:
     if world and dp is None:
         notes.append(f"{path}: {world} GPUs are not divisible by TP·PP·CP = {tp * pp * cp}")
     minibs = _as_int(config_env.get("MINIBS")) or config_name.get("minibs")
-    global_batch = pick("global batch", ("log", _as_int(hyper.get("global_batch_size"))),
-                        ("config MINIBS × DP", minibs * dp if minibs and dp else None))
+    global_batch = pick(
+        "global batch",
+        ("log", _as_int(hyper.get("global_batch_size"))),
+        ("config MINIBS × DP", minibs * dp if minibs and dp else None),
+    )
     accumulation = _as_int(hyper.get("gradient_accumulation_steps"))
     if accumulation is None and global_batch and dp and mbs:
         accumulation = global_batch // (dp * mbs) or None
@@ -352,18 +377,30 @@ def _run_metadata(path: Path, hyper: dict, notes: list[str]) -> dict:
         "gradient_accumulation": accumulation,
         "micro_batch_size": mbs,
         "seed": hyper.get("seed"),
-        "plan": {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": 1,
-                 "microbatches": accumulation, "micro_batch_size": mbs},
+        "plan": {
+            "dp": dp,
+            "tp": tp,
+            "pp": pp,
+            "cp": cp,
+            "ep": 1,
+            "microbatches": accumulation,
+            "micro_batch_size": mbs,
+        },
         "source_files": sources,
     }
+    virtual = _as_int(config_env.get("INTERLEAVED_PIPELINE"))
+    if virtual and virtual > 1 and pp > 1:
+        meta["plan"]["virtual_stages"] = virtual
     if system:
         other = system.get("other_software_stack") or {}
-        meta.update({
-            "accelerator_interconnect": system.get("accelerator_interconnect"),
-            "host_networking": system.get("host_networking"),
-            "framework": system.get("framework"),
-            "nccl_version": other.get("nccl_version") if isinstance(other, dict) else None,
-        })
+        meta.update(
+            {
+                "accelerator_interconnect": system.get("accelerator_interconnect"),
+                "host_networking": system.get("host_networking"),
+                "framework": system.get("framework"),
+                "nccl_version": other.get("nccl_version") if isinstance(other, dict) else None,
+            }
+        )
     return meta
 
 
@@ -388,8 +425,9 @@ def _parse_config_name(name: str) -> dict:
     return out
 
 
-def _find_config(root: Path, benchmark: str, nodes: int | None, gpus: int | None,
-                 notes: list[str]) -> Path | None:
+def _find_config(
+    root: Path, benchmark: str, nodes: int | None, gpus: int | None, notes: list[str]
+) -> Path | None:
     base = root / "benchmarks" / benchmark / "implementations"
     if nodes is None or not base.is_dir():
         return None
@@ -399,8 +437,10 @@ def _find_config(root: Path, benchmark: str, nodes: int | None, gpus: int | None
         if parsed.get("nodes") == nodes and (gpus is None or parsed.get("gpus") == gpus):
             matches.append(candidate)
     if len(matches) > 1:
-        notes.append(f"several configs for {nodes} nodes ({', '.join(m.name for m in matches)}); "
-                     f"using {matches[0].name}")
+        notes.append(
+            f"several configs for {nodes} nodes ({', '.join(m.name for m in matches)}); "
+            f"using {matches[0].name}"
+        )
     return matches[0] if matches else None
 
 
@@ -409,8 +449,9 @@ _DEFAULT = re.compile(r'^:\s+"?\$\{([A-Za-z_][A-Za-z0-9_]*):=([^}]*)\}"?')
 _SOURCE = re.compile(r"^(?:source|\.)\s+(.+)$")
 
 
-def _read_config_env(config: Path, sources: list[str], env: dict | None = None,
-                     depth: int = 0) -> dict[str, str]:
+def _read_config_env(
+    config: Path, sources: list[str], env: dict | None = None, depth: int = 0
+) -> dict[str, str]:
     """Variables a launch config exports, following simple ``source`` lines (no shell run)."""
     env = {} if env is None else env
     if depth > 4:
@@ -421,7 +462,7 @@ def _read_config_env(config: Path, sources: list[str], env: dict | None = None,
         if not line or line.startswith("#"):
             continue
         if re.match(r"^if\b", line):
-            if_depth += 1
+            if_depth += 0 if re.search(r"\bfi\s*$", line) else 1  # one-line if ... fi
             continue
         if line == "fi" or line.startswith("fi "):
             if_depth = max(0, if_depth - 1)
@@ -456,8 +497,9 @@ def _expand(value: str, env: dict[str, str]) -> str | None:
     """Resolve ``${VAR:-default}`` and ``$VAR``; ``None`` for anything computed by the shell."""
     if "$(" in value or "`" in value:
         return None
-    value = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*):-([^}]*)\}",
-                   lambda m: env.get(m.group(1), m.group(2)), value)
+    value = re.sub(
+        r"\$\{([A-Za-z_][A-Za-z0-9_]*):-([^}]*)\}", lambda m: env.get(m.group(1), m.group(2)), value
+    )
     if "$" in value:
         return None
     return value

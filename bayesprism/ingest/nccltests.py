@@ -53,8 +53,9 @@ PHASES = ("out-of-place", "in-place")
 SKIP_BAD_TIME = "nccl-tests time is not a positive number"
 SKIP_BAD_ROW = "nccl-tests row with an unexpected number of fields"
 
-_BINARY = re.compile(r"(?<![A-Za-z])(" + "|".join(sorted(BINARIES, key=len, reverse=True))
-                     + r")(?![A-Za-z])")
+_BINARY = re.compile(
+    r"(?<![A-Za-z])(" + "|".join(sorted(BINARIES, key=len, reverse=True)) + r")(?![A-Za-z])"
+)
 _STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
 _RANK = re.compile(
     r"^#\s+Rank\s+(?P<rank>\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(?P<pid>\d+)\s+on\s+(?P<host>\S+)"
@@ -127,29 +128,42 @@ def read_nccl_tests(path: Path, *, run: str | None = None) -> tuple[pd.DataFrame
             if len(fields) != len(header):
                 _count(skipped, SKIP_BAD_ROW)
                 continue
-            records.append((number, binary, dict(zip(_unique(header), fields))))
+            records.append((number, binary, dict(zip(_unique(header), fields, strict=True))))
         if not section_ranks and header is not None:
-            raise TraceFormatError(Problem(source, "# Using devices",
-                                           "no '#  Rank ... on <host> device ...' lines before "
-                                           "the result table"))
+            raise TraceFormatError(
+                Problem(
+                    source,
+                    "# Using devices",
+                    "no '#  Rank ... on <host> device ...' lines before the result table",
+                )
+            )
         ranks = ranks or section_ranks
         if section_ranks and section_ranks != ranks:
-            notes.append(f"{path.name}: sweeps with different device lists; group size and hosts "
-                         "are taken from the first")
+            notes.append(
+                f"{path.name}: sweeps with different device lists; group size and hosts "
+                "are taken from the first"
+            )
         if header is not None:
             collectives.append(binary)
     if not records:
-        raise TraceFormatError(Problem(source, "", "no nccl-tests result rows (a table with "
-                                       "'size count type redop root time algbw busbw #wrong')"))
+        raise TraceFormatError(
+            Problem(
+                source,
+                "",
+                "no nccl-tests result rows (a table with "
+                "'size count type redop root time algbw busbw #wrong')",
+            )
+        )
     if len(collectives) > len(set(collectives)):
-        notes.append(f"{path.name}: several sweeps of the same collective; step continues "
-                     "across them")
+        notes.append(
+            f"{path.name}: several sweeps of the same collective; step continues across them"
+        )
 
     hosts = [ranks[r][0] for r in sorted(ranks)]
     group_size = len(ranks)
     rows = []
     wrong_rows = 0
-    for number, binary, rec in records:
+    for _, binary, rec in records:
         kernel = f"nccl-tests:{binary}"
         step = steps_by_kernel.get(kernel, 0)
         steps_by_kernel[kernel] = step + 1
@@ -160,15 +174,28 @@ def read_nccl_tests(path: Path, *, run: str | None = None) -> tuple[pd.DataFrame
                 continue
             if _number(rec.get(f"#wrong#{i}")) not in (None, 0.0):
                 wrong_rows += 1
-            rows.append({
-                "run": run, "step": step, "rank": 0, "node": hosts[0], "gpu": 0,
-                "kernel": kernel, "kernel_class": BINARIES[binary], "duration_us": time,
-                "bytes": float(rec["size#0"]), "dtype": rec.get("type#0"),
-                "group_size": group_size, "wait_us": 0.0, "transfer_us": time, "phase": phase,
-            })
+            rows.append(
+                {
+                    "run": run,
+                    "step": step,
+                    "rank": 0,
+                    "node": hosts[0],
+                    "gpu": 0,
+                    "kernel": kernel,
+                    "kernel_class": BINARIES[binary],
+                    "duration_us": time,
+                    "bytes": float(rec["size#0"]),
+                    "dtype": rec.get("type#0"),
+                    "group_size": group_size,
+                    "wait_us": 0.0,
+                    "transfer_us": time,
+                    "phase": phase,
+                }
+            )
     if not rows:
-        raise TraceFormatError(Problem(source, "time", "no row has a positive time",
-                                       sum(skipped.values())))
+        raise TraceFormatError(
+            Problem(source, "time", "no row has a positive time", sum(skipped.values()))
+        )
     if wrong_rows:
         notes.append(f"{path.name}: {wrong_rows} results with validation errors (#wrong > 0) kept")
     df = pd.DataFrame(rows)
@@ -224,9 +251,14 @@ def _binary(section: list[str], lines: list[str], path: Path) -> str | None:
         if (m := _STARTING.match(line)) is not None:
             name = Path(m.group(1)).name
             if name not in BINARIES:
-                raise TraceFormatError(Problem(str(path), "Collective test starting",
-                                               "unknown nccl-tests binary; known: "
-                                               + ", ".join(BINARIES), example=name))
+                raise TraceFormatError(
+                    Problem(
+                        str(path),
+                        "Collective test starting",
+                        "unknown nccl-tests binary; known: " + ", ".join(BINARIES),
+                        example=name,
+                    )
+                )
             return name
     has_table = any(line.startswith("#") and "busbw" in line for line in section)
     if not has_table:
@@ -236,10 +268,15 @@ def _binary(section: list[str], lines: list[str], path: Path) -> str | None:
             return m.group(1)
     if (m := _BINARY.search(path.name)) is not None:
         return m.group(1)
-    raise TraceFormatError(Problem(str(path), "collective",
-                                   "cannot tell which nccl-tests binary wrote this table: no "
-                                   "'# Collective test starting' line, no binary name in the "
-                                   "text or the file name (e.g. name it all_reduce_perf.log)"))
+    raise TraceFormatError(
+        Problem(
+            str(path),
+            "collective",
+            "cannot tell which nccl-tests binary wrote this table: no "
+            "'# Collective test starting' line, no binary name in the "
+            "text or the file name (e.g. name it all_reduce_perf.log)",
+        )
+    )
 
 
 def _unique(header: list[str]) -> list[str]:

@@ -94,17 +94,25 @@ def read_tabular(
     table = _apply_map(table, column_map or {}, source, notes)
     unknown = [str(c) for c in table.columns if c not in ALL_COLUMNS]
     if unknown:
-        raise TraceFormatError(Problem(
-            source, ", ".join(unknown),
-            "unknown column(s); map them to schema columns with column_map={'name': "
-            "'schema_column'} (or to None to drop them); known columns are "
-            + ", ".join(ALL_COLUMNS)))
+        raise TraceFormatError(
+            Problem(
+                source,
+                ", ".join(unknown),
+                "unknown column(s); map them to schema columns with column_map={'name': "
+                "'schema_column'} (or to None to drop them); known columns are "
+                + ", ".join(ALL_COLUMNS),
+            )
+        )
     table = _convert_units(table, units, source, notes)
     table = _fill_defaults(table, path, run, notes)
     missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
     if missing:
-        raise TraceFormatError([Problem(source, c, "required column is missing (and has no "
-                                        "unambiguous default)") for c in missing])
+        raise TraceFormatError(
+            [
+                Problem(source, c, "required column is missing (and has no unambiguous default)")
+                for c in missing
+            ]
+        )
 
     duration = pd.to_numeric(table["duration_us"], errors="coerce")
     nan = duration.isna().to_numpy()
@@ -115,21 +123,32 @@ def read_tabular(
         skipped[SKIP_NONPOSITIVE] = int(bad.sum())
     keep = ~(nan | bad)
     if not keep.any():
-        raise TraceFormatError(Problem(source, "duration_us", "no row has a valid duration "
-                                       "(finite, > 0)", int(len(table)),
-                                       table["duration_us"].iloc[0] if len(table) else None))
+        raise TraceFormatError(
+            Problem(
+                source,
+                "duration_us",
+                "no row has a valid duration (finite, > 0)",
+                len(table),
+                table["duration_us"].iloc[0] if len(table) else None,
+            )
+        )
     table = table.loc[keep].reset_index(drop=True)
     table["duration_us"] = duration[keep].to_numpy()
 
     runs = [str(r) for r in pd.unique(table["run"].astype(str))]
     stored_runs = (stored_attrs or {}).get("runs", {})
-    metas = {r: _run_meta(table[table["run"].astype(str) == r], source, stored_runs.get(r), notes)
-             for r in runs}
+    metas = {
+        r: _run_meta(table[table["run"].astype(str) == r], source, stored_runs.get(r), notes)
+        for r in runs
+    }
     report = {"run": runs[0], "skipped": skipped, "notes": notes, "run_meta": metas[runs[0]]}
     if len(runs) > 1:
         report["runs"] = metas
-        notes.append(f"{path.name}: {len(runs)} runs in one table ({', '.join(runs[:5])}"
-                     + (", ..." if len(runs) > 5 else "") + ")")
+        notes.append(
+            f"{path.name}: {len(runs)} runs in one table ({', '.join(runs[:5])}"
+            + (", ..." if len(runs) > 5 else "")
+            + ")"
+        )
     if stored_attrs:
         notes.extend(n for n in stored_attrs.get("notes", []) if n not in notes)
     return table, report
@@ -162,30 +181,51 @@ def _read(path: Path) -> tuple[pd.DataFrame, dict | None]:
     return table, None
 
 
-def _apply_map(table: pd.DataFrame, column_map: Mapping, source: str,
-               notes: list[str]) -> pd.DataFrame:
+def _apply_map(
+    table: pd.DataFrame, column_map: Mapping, source: str, notes: list[str]
+) -> pd.DataFrame:
     absent = [k for k in column_map if k not in table.columns]
     targets = [v for v in column_map.values() if v is not None and v not in ALL_COLUMNS]
     problems = []
     if absent:
-        problems.append(Problem(source, "column_map", "names column(s) not in the file: "
-                                + ", ".join(map(str, absent)) + "; the file has "
-                                + ", ".join(map(str, table.columns))))
+        problems.append(
+            Problem(
+                source,
+                "column_map",
+                "names column(s) not in the file: "
+                + ", ".join(map(str, absent))
+                + "; the file has "
+                + ", ".join(map(str, table.columns)),
+            )
+        )
     if targets:
-        problems.append(Problem(source, "column_map", "maps to non-schema column(s): "
-                                + ", ".join(map(str, targets)) + "; known columns are "
-                                + ", ".join(ALL_COLUMNS)))
+        problems.append(
+            Problem(
+                source,
+                "column_map",
+                "maps to non-schema column(s): "
+                + ", ".join(map(str, targets))
+                + "; known columns are "
+                + ", ".join(ALL_COLUMNS),
+            )
+        )
     if problems:
         raise TraceFormatError(problems)
     dropped = [k for k, v in column_map.items() if v is None]
     if dropped:
         notes.append(f"columns dropped as asked (column_map to None): {', '.join(dropped)}")
-    renamed = table.drop(columns=dropped).rename(columns={k: v for k, v in column_map.items()
-                                                          if v is not None})
+    renamed = table.drop(columns=dropped).rename(
+        columns={k: v for k, v in column_map.items() if v is not None}
+    )
     duplicated = renamed.columns[renamed.columns.duplicated()].tolist()
     if duplicated:
-        raise TraceFormatError(Problem(source, "column_map", "two columns end up with the same "
-                                       "name: " + ", ".join(map(str, duplicated))))
+        raise TraceFormatError(
+            Problem(
+                source,
+                "column_map",
+                "two columns end up with the same name: " + ", ".join(map(str, duplicated)),
+            )
+        )
     return renamed
 
 
@@ -196,19 +236,32 @@ def _convert_units(table: pd.DataFrame, units, source: str, notes: list[str]) ->
         units = {"duration_us": units}
     for column, unit in units.items():
         if column not in TIME_COLUMNS:
-            raise TraceFormatError(Problem(source, "units", "only time columns can be converted ("
-                                           + ", ".join(TIME_COLUMNS) + ")", example=column))
+            raise TraceFormatError(
+                Problem(
+                    source,
+                    "units",
+                    "only time columns can be converted (" + ", ".join(TIME_COLUMNS) + ")",
+                    example=column,
+                )
+            )
         if unit not in UNIT_TO_US:
-            raise TraceFormatError(Problem(source, "units", "unknown unit; expected one of "
-                                           + ", ".join(UNIT_TO_US), example=unit))
+            raise TraceFormatError(
+                Problem(
+                    source,
+                    "units",
+                    "unknown unit; expected one of " + ", ".join(UNIT_TO_US),
+                    example=unit,
+                )
+            )
         if column in table.columns and UNIT_TO_US[unit] != 1.0:
             table[column] = pd.to_numeric(table[column], errors="coerce") * UNIT_TO_US[unit]
             notes.append(f"{column} converted from {unit} to µs")
     return table
 
 
-def _fill_defaults(table: pd.DataFrame, path: Path, run: str | None,
-                   notes: list[str]) -> pd.DataFrame:
+def _fill_defaults(
+    table: pd.DataFrame, path: Path, run: str | None, notes: list[str]
+) -> pd.DataFrame:
     if run is not None:
         if "run" in table.columns:
             notes.append(f"run column replaced by run={run!r}")
@@ -228,8 +281,10 @@ def _fill_defaults(table: pd.DataFrame, path: Path, run: str | None,
         for column, value in (("rank", ALL_RANKS), ("gpu", ALL_RANKS), ("node", ALL_NODES)):
             if column not in table.columns:
                 table[column] = value
-                notes.append(f"{path.name}: step-level table without {column}; {column} = "
-                             f"{value!r} (whole job)")
+                notes.append(
+                    f"{path.name}: step-level table without {column}; {column} = "
+                    f"{value!r} (whole job)"
+                )
     return table
 
 
@@ -239,10 +294,15 @@ def _run_meta(rows: pd.DataFrame, source: str, stored: dict | None, notes: list[
     ranks = pd.to_numeric(rows["rank"], errors="coerce")
     world = int(ranks[ranks >= 0].nunique()) or None
     placed = rows[ranks.to_numpy() >= 0]
-    gpus_per_node = (int(placed.groupby(placed["node"].astype(str))["gpu"].nunique().max())
-                     if len(placed) else None)
-    notes.append(f"{Path(source).name}: no parallel plan in a tidy table; assumed data parallel "
-                 "over the ranks present (dp = world size)")
+    gpus_per_node = (
+        int(placed.groupby(placed["node"].astype(str))["gpu"].nunique().max())
+        if len(placed)
+        else None
+    )
+    notes.append(
+        f"{Path(source).name}: no parallel plan in a tidy table; assumed data parallel "
+        "over the ranks present (dp = world size)"
+    )
     return {
         "platform": None,
         "world_size": world,

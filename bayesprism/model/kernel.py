@@ -38,6 +38,7 @@ from bayesprism import collectives as coll
 from bayesprism.errors import InputError, Problem
 from bayesprism.model import PreparedData
 from bayesprism.model.cells import aggregate_cells
+from bayesprism.model.effects import segment_sum, unit_level
 from bayesprism.spec import ModelSpec
 
 REQUIRED = ("run", "step", "node", "gpu", "kernel", "kernel_class", "duration_us")
@@ -471,61 +472,34 @@ def build_kernel(prepared: PreparedData, spec: ModelSpec, rows: bool = False):
     return model
 
 
-def _segment_sum(values, index: np.ndarray, size: int):
-    import pytensor.tensor as pt
+def _kernel_baselines(kernel_mean: np.ndarray, cls: np.ndarray, n_classes: int, spec: ModelSpec):
+    """Kernel baselines a_k pooled within class, the class mean integrated out.
 
-    return pt.inc_subtensor(pt.zeros(size)[index], values)
-
-
-def _population_rv(name: str, family: str, level: str, scale, dims: str, spec: ModelSpec):
-    """Unit effects drawn from a level's population at the given scale."""
+    a_k ~ N(m_c, sd_c), m_c ~ N(loc, τ): per class the baselines are jointly normal with
+    covariance sd_c²·I + τ²·11ᵀ, evaluated in closed form (matrix determinant lemma). Sampling
+    m_c instead puts a funnel between m_c and sd_c for classes with one or two kernels.
+    """
     import pymc as pm
     import pytensor.tensor as pt
 
-    if family == "normal":
-        return pm.Normal(name, 0.0, scale, dims=dims)
-    if family == "student_t":
-        nu_excess = pm.Gamma(f"{level}_nu_minus_one", 2.0, spec.prior("nu_rate"))
-        # ν > 1 keeps the population mean finite, which forecasts of sums rely on.
-        nu = pm.Deterministic(f"{level}_nu", 1.0 + nu_excess)
-        return pm.StudentT(name, nu=nu, mu=0.0, sigma=scale, dims=dims)
-    weight = pm.Beta(f"{level}_slow_weight", 1.0, spec.prior("slow_weight_beta"))
-    shift = pm.HalfNormal(f"{level}_slow_shift", spec.prior("slow_shift_scale"))
-    return pm.NormalMixture(
-        name,
-        w=pt.stack([1.0 - weight, weight]),
-        mu=pt.stack([pt.zeros(()), shift * scale]),
-        sigma=pt.stack([scale, scale]) * pt.ones(2),
-        dims=dims,
+    loc = float(np.median(kernel_mean))
+    tau2 = spec.prior("kernel_log_median_sd") ** 2
+    class_sd = pm.HalfNormal("kernel_class_sd", spec.prior("kernel_class_sd"), dims="kernel_class")
+    # Data-dominated baselines: sampled directly (centred), started at the observed means.
+    a_free = pm.Flat("kernel_log_median_free", dims="kernel", initval=kernel_mean)
+    count = np.bincount(cls, minlength=n_classes).astype(float)
+    dev = a_free - loc
+    var = class_sd**2
+    sum_dev = segment_sum(dev, cls, n_classes)
+    sum_sq = segment_sum(dev**2, cls, n_classes)
+    denom = var + count * tau2
+    logp = pt.sum(
+        -0.5 * count * np.log(2.0 * np.pi)
+        - 0.5 * ((count - 1.0) * pt.log(var) + pt.log(denom))
+        - 0.5 * (sum_sq / var - tau2 * sum_dev**2 / (var * denom))
     )
-
-
-def _unit_level(level: str, prepared: PreparedData, spec: ModelSpec):
-    """Loadings (per class) and standardised effects (per unit) of one level."""
-    import pymc as pm
-    import pytensor.tensor as pt
-
-    dim = {"gpu": "gpu_unit", "step": "step_unit"}.get(level, level)
-    family = spec.population(level)
-    n_classes = len(prepared.coords["kernel_class"])
-    if prepared.attrs["parameterisation"][level] == "noncentred":
-        loading = pm.HalfNormal(f"{level}_scale", spec.prior("level_scale"), dims="kernel_class")
-        effect = _population_rv(f"{level}_effect", family, level, 1.0, dim, spec)
-        return loading, effect
-    # Centred: offsets on the log scale of the class with the most launches (the reference).
-    ref = int(np.argmax(prepared.data["launches_per_class"]))
-    scale_ref = pm.HalfNormal(f"{level}_scale_ref", spec.prior("level_scale"))
-    offset = _population_rv(f"{level}_offset", family, level, scale_ref, dim, spec)
-    ratio = pt.ones(n_classes)
-    if n_classes > 1:
-        others = [c for c in range(n_classes) if c != ref]
-        rdim = f"{level}_ratio_class"
-        pm.modelcontext(None).add_coord(rdim, [prepared.coords["kernel_class"][c] for c in others])
-        ratio_free = pm.LogNormal(f"{level}_loading_ratio", 0.0, 1.0, dims=rdim)
-        ratio = pt.set_subtensor(ratio[np.array(others)], ratio_free)
-    loading = pm.Deterministic(f"{level}_scale", scale_ref * ratio, dims="kernel_class")
-    effect = pm.Deterministic(f"{level}_effect", offset / scale_ref, dims=dim)
-    return loading, effect
+    pm.Potential("kernel_class_prior", logp)
+    return a_free
 
 
 def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
@@ -545,12 +519,7 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     pm.Data("cell_mean_log", d["cell_mean"], dims="cell")
     pm.Data("cell_ss_log", d["cell_ss"], dims="cell")
 
-    loc = float(np.median(d["kernel_mean"]))
-    class_mean = pm.Normal("kernel_class_mean", loc, spec.prior("kernel_log_median_sd"),
-                           dims="kernel_class")
-    class_sd = pm.HalfNormal("kernel_class_sd", spec.prior("kernel_class_sd"), dims="kernel_class")
-    # Every kernel has many launches: its baseline is data-dominated, hence centred.
-    a_free = pm.Normal("kernel_log_median_free", class_mean[cls], class_sd[cls], dims="kernel")
+    a_free = _kernel_baselines(d["kernel_mean"], cls, n_classes, spec)
     resid = pm.HalfNormal("resid_scale", spec.prior("resid_scale"), dims="kernel_class")
 
     beta = pt.zeros((n_gs, n_classes))
@@ -558,12 +527,7 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     for level in attrs["levels"]:
         if level == "gpustep":
             continue
-        loading, effect = _unit_level(level, prepared, spec)
-        group = d[f"{level}_group"]
-        n_groups = int(group.max()) + 1
-        group_mean = (_segment_sum(effect, group, n_groups)
-                      / np.bincount(group, minlength=n_groups))[group]
-        centred = effect - group_mean
+        loading, effect, centred = unit_level(level, prepared, spec)
         beta = beta + centred[d[f"{level}_of_gpustep"]][:, None] * loading[None, :]
         if level in ("node", "cabinet"):
             shift = shift + loading[cls] * pt.mean(effect)
@@ -578,13 +542,13 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     # Exact collapsed Gaussian likelihood (module docstring).
     delta = d["kernel_mean"] - a_free
     flat_block = d["cell_gpustep"] * n_classes + cls[d["cell_kernel"]]
-    r0 = d["block_dev"] + _segment_sum(
+    r0 = d["block_dev"] + segment_sum(
         d["cell_n"] * delta[d["cell_kernel"]], flat_block, n_gs * n_classes
     ).reshape((n_gs, n_classes))
     block_n = d["block_n"]
     quad = (
         d["class_q"]
-        + _segment_sum(d["kernel_n"] * delta**2, cls, n_classes)
+        + segment_sum(d["kernel_n"] * delta**2, cls, n_classes)
         - 2.0 * pt.sum(beta * r0, axis=0)
         + pt.sum(block_n * beta**2, axis=0)
     )
@@ -658,7 +622,7 @@ def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
     # Per-step congestion shared by all transfers of a collective in a step, integrated out.
     group = d["coll_cell_group"]
     n_groups = int(group.max()) + 1
-    a_g = _segment_sum(congestion[j] * n * (mean - mu) / var, group, n_groups)
-    b_g = _segment_sum(congestion[j] ** 2 * n / var, group, n_groups)
+    a_g = segment_sum(congestion[j] * n * (mean - mu) / var, group, n_groups)
+    b_g = segment_sum(congestion[j] ** 2 * n / var, group, n_groups)
     logp = logp + pt.sum(-0.5 * pt.log1p(b_g) + a_g**2 / (2.0 * (1.0 + b_g)))
     pm.Potential("collective_loglik", logp)

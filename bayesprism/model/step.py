@@ -48,20 +48,18 @@ import pandas as pd
 from scipy import special
 
 from bayesprism.errors import InputError, Problem
+from bayesprism.inventory import run_layout
 
-#: Per-run layout fields the model needs (``plan`` keys unless noted).
-PLAN_FIELDS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "microbatches", "virtual_stages")
 MIN_STEPS_PER_RUN = 3
 WARMUP_STEPS = 1
 
 
 def _option(spec, name: str, default):
-    """An option of the spec: ``spec.options[name]`` or attribute ``name``, else ``default``."""
-    options = getattr(spec, "options", None)
+    """An option of the step model: ``spec.step[name]``, else ``default``."""
+    options = getattr(spec, "step", None)
     if isinstance(options, dict) and name in options:
         return options[name]
-    value = getattr(spec, name, None)
-    return default if value is None else value
+    return default
 
 
 @lru_cache(maxsize=4096)
@@ -96,69 +94,6 @@ def max_normal_moments(n) -> tuple[np.ndarray, np.ndarray]:
     flat = arr.reshape(-1)
     moments = np.array([_max_normal_moments_one(int(k)) for k in flat]).reshape(flat.size, 2)
     return moments[:, 0].reshape(arr.shape), moments[:, 1].reshape(arr.shape)
-
-
-def run_layout(run: str, meta: dict, source: str = "table") -> tuple[dict, list[Problem]]:
-    """The layout of one run from its ``attrs["runs"][run]`` entry.
-
-    Returns the fields ``world_size, gpus_per_node, dp, tp, pp, cp, microbatches,
-    virtual_stages, micro_batch_size`` and the problems found (missing or impossible values).
-    """
-    problems: list[Problem] = []
-    plan = dict(meta.get("plan") or {})
-    field = f"attrs.runs[{run!r}]"
-
-    def integer(value, name: str):
-        try:
-            number = int(value)
-        except (TypeError, ValueError):
-            problems.append(Problem(source, f"{field}.{name}", "must be a positive integer",
-                                    example=value))
-            return None
-        if number < 1 or number != float(value):
-            problems.append(Problem(source, f"{field}.{name}", "must be a positive integer",
-                                    example=value))
-            return None
-        return number
-
-    world = meta.get("world_size", meta.get("gpus", plan.get("world_size")))
-    layout: dict = {}
-    for name, default in (("tp", 1), ("pp", 1), ("cp", 1), ("virtual_stages", 1)):
-        layout[name] = integer(plan.get(name, default), f"plan.{name}")
-    if plan.get("microbatches") is None:
-        problems.append(Problem(source, f"{field}.plan.microbatches",
-                                "is missing (gradient-accumulation steps per DP rank)"))
-        layout["microbatches"] = None
-    else:
-        layout["microbatches"] = integer(plan["microbatches"], "plan.microbatches")
-    if world is None and plan.get("dp") is None:
-        problems.append(Problem(source, f"{field}.world_size", "is missing (and plan.dp too)"))
-        return layout, problems
-    model_parallel = (layout["tp"] or 1) * (layout["pp"] or 1) * (layout["cp"] or 1)
-    if world is not None:
-        layout["world_size"] = integer(world, "world_size")
-    if plan.get("dp") is not None:
-        layout["dp"] = integer(plan["dp"], "plan.dp")
-    else:
-        layout["dp"] = (layout.get("world_size") or 0) // model_parallel or None
-    if layout.get("world_size") is None and layout.get("dp"):
-        layout["world_size"] = layout["dp"] * model_parallel
-    if layout.get("dp") and layout.get("world_size") and (
-        layout["dp"] * model_parallel != layout["world_size"]
-    ):
-        problems.append(Problem(source, f"{field}.plan",
-                                f"dp*tp*pp*cp = {layout['dp'] * model_parallel} differs from "
-                                f"world_size {layout['world_size']}",
-                                example=plan))
-    layout["gpus_per_node"] = integer(meta.get("gpus_per_node", plan.get("gpus_per_node", 8)),
-                                      "gpus_per_node")
-    mbs = plan.get("micro_batch_size", meta.get("micro_batch_size"))
-    batch = meta.get("global_batch_size", meta.get("global_batch"))
-    if mbs is None and batch is not None and layout.get("dp") and layout.get("microbatches"):
-        mbs = float(batch) / (layout["dp"] * layout["microbatches"])
-    layout["micro_batch_size"] = float(mbs) if mbs is not None else 1.0
-    layout["micro_batch_size_known"] = mbs is not None
-    return layout, problems
 
 
 def prepare_step(tables: Sequence[pd.DataFrame], spec) -> "PreparedData":  # noqa: F821
@@ -245,7 +180,7 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> "PreparedData":  # noq
                    "micro_batch_size"]
     config_keys = [tuple(row) for row in layout_frame[config_cols].itertuples(index=False)]
     configs = sorted(set(config_keys))
-    config_labels = [_config_label(dict(zip(config_cols, key))) for key in configs]
+    config_labels = [config_label(dict(zip(config_cols, key, strict=True))) for key in configs]
     emax, smax = max_normal_moments(layout_frame["world_size"].to_numpy())
     log_y = np.log(rows["duration_us"].to_numpy(dtype=float) * 1e-6)
     slots_guess = layout_frame["microbatches"] + 0.5 * (layout_frame["pp"] - 1)
@@ -256,6 +191,8 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> "PreparedData":  # noq
     data = {
         "run_idx": rows["run"].map(run_index).to_numpy(dtype=np.int64),
         "config_idx": np.array([configs.index(k) for k in config_keys], dtype=np.int64),
+        # one run of each configuration: they share the structural median
+        "config_run": np.array([config_keys.index(k) for k in configs], dtype=np.int64),
         "log_step_time": log_y,
         "microbatches": layout_frame["microbatches"].to_numpy(dtype=float),
         "pp": layout_frame["pp"].to_numpy(dtype=float),
@@ -291,7 +228,8 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> "PreparedData":  # noq
     return PreparedData(coords=coords, data=data, attrs=attrs, summary=summary)
 
 
-def _config_label(layout: dict) -> str:
+def config_label(layout: dict) -> str:
+    """Label of a layout: its world size, parallel sizes, micro-batches and micro-batch size."""
     return (f"gpus{int(layout['world_size'])}-dp{int(layout['dp'])}-tp{int(layout['tp'])}"
             f"-pp{int(layout['pp'])}-cp{int(layout['cp'])}-m{int(layout['microbatches'])}"
             f"-v{int(layout['virtual_stages'])}-mbs{layout['micro_batch_size']:g}")
@@ -327,8 +265,8 @@ def build_step(prepared, spec):
     import pytensor.tensor as pt
 
     d = prepared.data
-    run_effects = str(_option(spec, "run_effects", "centered"))
     noise_family = str(_option(spec, "noise", "student_t"))
+    config_effects = bool(_option(spec, "config_effects", False))
     with pm.Model(coords=prepared.coords) as model:
         run_idx = pm.Data("run_idx", d["run_idx"], dims="obs")
         config_idx = pm.Data("config_idx", d["config_idx"], dims="run")
@@ -345,27 +283,28 @@ def build_step(prepared, spec):
         bubble_fraction = pm.Beta("bubble_fraction", 2.0, 2.0)
         rank_sigma = pm.HalfNormal("rank_sigma", 0.2)
         comm_per_doubling = pm.HalfNormal("comm_per_doubling", 0.5)
-        config_sd = pm.HalfNormal("config_sd", 0.05)
-        config_z = pm.Normal("config_z", 0.0, 1.0, dims="config")
-        config_effect = pm.Deterministic("config_effect", config_sd * config_z, dims="config")
-        run_sd = pm.HalfNormal("run_sd", 0.02)
         slot_noise = pm.HalfNormal("slot_noise", 0.2)
         step_noise = pm.HalfNormal("step_noise", 0.05)
-
-        if run_effects == "noncentered":
-            run_z = pm.Normal("run_z", 0.0, 1.0, dims="run")
-            run_effect = pm.Deterministic("run_effect", run_sd * run_z, dims="run")
-        else:
-            run_effect = pm.Normal("run_effect", 0.0, run_sd, dims="run")
-
         slot = pt.exp(mb_log_median + work_exponent * log_work)
         slots = microbatches + bubble_fraction * (pp - 1.0) / virtual
         comm = pt.exp(mb_log_median) * comm_per_doubling * pt.log2(dp)
         median = slots * slot * pt.exp(rank_sigma * emax) + comm
-        shift = config_effect[config_idx] + run_effect
-        pm.Deterministic("run_median_s", median * pt.exp(shift), dims="run")
+        # Centred on the run's own log median: the data pin each run's level tightly, so the
+        # structural parameters only enter the prior of those levels (no funnel, no ridge).
+        structural = pt.log(median)
+        if config_effects:
+            config_sd = pm.HalfNormal("config_sd", 0.05)
+            config_log_median = pm.Normal("config_log_median", structural[d["config_run"]],
+                                          config_sd, dims="config")
+            location = config_log_median[config_idx]
+        else:
+            location = structural
+        run_sd = pm.HalfNormal("run_sd", 0.02)
+        run_log_median = pm.Normal("run_log_median", location, run_sd, dims="run")
+        pm.Deterministic("run_effect", run_log_median - location, dims="run")
+        pm.Deterministic("run_median_s", pt.exp(run_log_median), dims="run")
         noise = pt.sqrt((rank_sigma**2 * smax**2 + slot_noise**2) / slots + step_noise**2)
-        mu = (pt.log(median) + shift)[run_idx]
+        mu = run_log_median[run_idx]
         if noise_family == "normal":
             pm.Normal("log_step_time", mu, noise[run_idx], observed=d["log_step_time"], dims="obs")
         else:

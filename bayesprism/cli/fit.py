@@ -1,0 +1,174 @@
+"""``bayesprism fit``: fit a model to trace tables or raw traces and save the posterior."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from bayesprism.cli._common import add_common, print_json
+from bayesprism.errors import InputError, Problem
+
+#: Kernel-model loadings reported as variance components (JSON key -> posterior variable).
+KERNEL_LEVELS = {"node": "node_scale", "gpu": "gpu_scale", "step": "step_scale",
+                 "gpustep": "gpustep_scale", "residual": "resid_scale"}
+#: Step-model scales reported as variance components.
+STEP_LEVELS = {"config": "config_sd", "run": "run_sd", "rank": "rank_sigma",
+               "slot": "slot_noise", "step": "step_noise"}
+TABLE_SUFFIXES = (".parquet", ".pq")
+
+
+def register(sub) -> None:
+    parser = sub.add_parser(
+        "fit",
+        help="fit a model to trace tables or raw traces",
+        description="Fit the Bayesian model to Parquet trace tables (bayesprism ingest) and/or "
+        "raw traces and logs, save the posterior (netCDF) and print convergence and variance "
+        "components (coefficient of variation per level, posterior median).",
+    )
+    parser.add_argument("inputs", nargs="+", metavar="TABLE_OR_TRACES",
+                        help="Parquet trace tables, trace files, folders or globs")
+    parser.add_argument("-o", "--output", type=Path, required=True, metavar="posterior.nc",
+                        help="where to save the posterior")
+    parser.add_argument("--model", default=None, metavar="NAME|FILE",
+                        help="named spec (models/NAME.toml) or a spec TOML file (default: "
+                        "'default', or 'step' when every row is a step-level row)")
+    parser.add_argument("--draws", type=int, default=1000, help="draws per chain (default 1000)")
+    parser.add_argument("--tune", type=int, default=1000, help="warm-up per chain (default 1000)")
+    parser.add_argument("--chains", type=int, default=2, help="chains (default 2)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--sampler", choices=("auto", "nutpie", "pymc", "advi"), default="auto",
+                        help="sampler (default auto: nutpie when installed)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_common(parser)
+    parser.set_defaults(func=run)
+
+
+def read_inputs(inputs: list[str], progress: bool) -> list:
+    """Trace tables from Parquet files (read as tables) and everything else (ingested)."""
+    from bayesprism.schema import read_table
+
+    tables, raw, problems = [], [], []
+    for item in inputs:
+        path = Path(item)
+        if path.suffix.lower() in TABLE_SUFFIXES:
+            if not path.is_file():
+                problems.append(Problem(item, "", "no such file"))
+                continue
+            try:
+                tables.append(read_table(path))
+            except InputError as exc:
+                problems.extend(exc.problems)
+            except (OSError, ValueError) as exc:  # pyarrow: not a Parquet file
+                problems.append(Problem(item, "", f"cannot be read as a Parquet table: {exc}"))
+        else:
+            raw.append(item)
+    if raw:
+        from bayesprism.ingest import read_traces
+
+        try:
+            tables.append(read_traces(raw, progress=progress))
+        except InputError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise InputError(problems)
+    return tables
+
+
+def _cv(sigma: np.ndarray) -> float:
+    """Posterior median of the coefficient of variation of a lognormal level."""
+    return float(np.median(np.sqrt(np.expm1(np.asarray(sigma, dtype=float) ** 2))))
+
+
+def variance_components(tree) -> dict:
+    """``{class: {level: CV}}``: CV = sqrt(exp(σ²) − 1) of each level's loading, median.
+
+    Kernel posteriors give ``node``, ``gpu``, ``step``, ``residual`` (None when the level was not
+    fitted) and ``gpustep`` when fitted; step posteriors give one class ``step`` with ``run``,
+    ``rank``, ``slot``, ``step`` (and ``config`` when fitted).
+    """
+    posterior = tree["posterior"].to_dataset()
+    if tree.attrs.get("model_kind") == "step":
+        return {"step": {level: _cv(posterior[name].to_numpy()) for level, name in
+                         STEP_LEVELS.items() if name in posterior}}
+    classes = []
+    for name in KERNEL_LEVELS.values():
+        if name in posterior and "kernel_class" in posterior[name].dims:
+            classes = [str(c) for c in posterior[name]["kernel_class"].to_numpy()]
+            break
+    out: dict = {}
+    for cls in classes:
+        levels: dict = {}
+        for level, name in KERNEL_LEVELS.items():
+            if name in posterior and cls in posterior[name]["kernel_class"]:
+                levels[level] = _cv(posterior[name].sel(kernel_class=cls).to_numpy())
+            elif level != "gpustep":
+                levels[level] = None
+        out[cls] = levels
+    return out
+
+
+def _fmt(value) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{100 * value:.1f}%"
+
+
+def run(args: argparse.Namespace) -> int:
+    from bayesprism.inference import convergence_summary, fit
+    from bayesprism.io import save
+
+    problems = [Problem("arguments", f"--{name}", "must be a positive integer", example=value)
+                for name, value in (("draws", args.draws), ("chains", args.chains))
+                if value < 1]
+    if args.tune < 0:
+        problems.append(Problem("arguments", "--tune", "must be >= 0", example=args.tune))
+    if not args.output.parent.is_dir():
+        problems.append(Problem(str(args.output), "-o", "the output folder does not exist"))
+    if problems:
+        raise InputError(problems)
+    progress = not args.quiet
+    tables = read_inputs(args.inputs, progress)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tree = fit(tables, args.model, draws=args.draws, tune=args.tune, chains=args.chains,
+                   sampler=args.sampler, random_seed=args.seed, progress=progress)
+    notes = [str(w.message) for w in caught
+             if issubclass(w.category, UserWarning) and "bayesprism" in w.filename
+             or w.category.__name__ == "ConvergenceWarning"]
+    path = save(tree, args.output)
+    conv = convergence_summary(tree)
+    components = variance_components(tree)
+    summary = {
+        "path": str(path),
+        "model_kind": tree.attrs["model_kind"],
+        "sampler": tree.attrs["sampler"],
+        "max_rhat": conv["max_rhat"],
+        "min_ess_bulk": conv["min_ess_bulk"],
+        "divergences": conv["divergences"],
+        "seconds": tree.attrs["seconds"],
+        "variance_components": components,
+        "warnings": notes,
+    }
+    if args.json:
+        print_json(summary)
+        return 0
+    if not args.quiet:
+        for note in notes:
+            print(f"warning: {note}", file=sys.stderr)
+    print(f"saved {path} ({summary['model_kind']} model, sampler {summary['sampler']}, "
+          f"{summary['seconds']:.1f} s)")
+    print(f"max R-hat {conv['max_rhat']:.3f}, min bulk ESS {conv['min_ess_bulk']:.0f}, "
+          f"divergences {conv['divergences']}")
+    if components:
+        levels = list(dict.fromkeys(k for v in components.values() for k in v))
+        width = max(len(c) for c in components) + 2
+        print("variance components (CV per level, posterior median):")
+        print(" " * width + "".join(f"{lvl:>10}" for lvl in levels))
+        for cls, values in components.items():
+            print(f"{cls:<{width}}" + "".join(f"{_fmt(values.get(lvl)):>10}" for lvl in levels))
+    return 0

@@ -1,0 +1,315 @@
+"""``fit()``: sample a model's posterior and return a self-describing DataTree (docs/artifacts.md).
+
+Samplers: ``nutpie`` (default when installed), PyMC's own NUTS (``pymc``), mean-field ADVI
+(``advi``: ``pm.fit`` then ``approx.sample``). ``pathfinder`` needs pymc-extras, which today
+pins an older PyMC; it is refused with a clear message unless pymc-extras is importable.
+
+Convergence thresholds (a :class:`~bayesprism.errors.ConvergenceWarning` names the parameters):
+any divergent transition, rank-normalised split R-hat above :data:`RHAT_MAX` (1.01), or bulk
+effective sample size below :data:`ESS_PER_CHAIN` (100) × chains. ADVI draws are independent
+draws of an approximation: only NUTS runs are checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from bayesprism.errors import ConvergenceWarning, InputError, Problem
+
+RHAT_MAX = 1.01
+ESS_PER_CHAIN = 100
+SAMPLERS: tuple[str, ...] = ("auto", "nutpie", "pymc", "advi", "pathfinder")
+#: Iterations of ADVI (stops earlier when the parameters converge).
+ADVI_ITERATIONS = 30_000
+
+
+def input_digest(tables: Sequence[pd.DataFrame]) -> str:
+    """SHA-256 (16 hex digits) of the tables' content: columns, dtypes, values and attrs.
+
+    Independent of the process (pandas' row hashing uses a fixed key), so the same input gives
+    the same digest in every run.
+    """
+    digest = hashlib.sha256()
+    for table in tables:
+        digest.update(json.dumps([[str(c), str(t)] for c, t in table.dtypes.items()]).encode())
+        digest.update(pd.util.hash_pandas_object(table, index=False).to_numpy().tobytes())
+        digest.update(json.dumps(table.attrs, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
+
+
+def _as_tables(tables) -> list[pd.DataFrame]:
+    if isinstance(tables, pd.DataFrame):
+        return [tables]
+    tables = list(tables)
+    bad = [type(t).__name__ for t in tables if not isinstance(t, pd.DataFrame)]
+    if not tables or bad:
+        raise InputError(Problem("fit", "tables", "expected a DataFrame or a list of DataFrames",
+                                 example=bad[0] if bad else "[]"))
+    return tables
+
+
+def _resolve_spec(spec, tables: list[pd.DataFrame]):
+    from bayesprism.spec import ModelSpec
+
+    if spec is None:
+        all_steps = all(
+            "kernel_class" in t.columns and len(t)
+            and bool((t["kernel_class"].astype(str) == "step").all())
+            for t in tables
+        )
+        if all_steps:
+            warnings.warn("every row is a step-level row: fitting the step model "
+                          "(ModelSpec.load('step'))", UserWarning, stacklevel=3)
+            return ModelSpec.load("step")
+        return ModelSpec.default()
+    if isinstance(spec, ModelSpec):
+        return spec
+    if isinstance(spec, (str, Path)):
+        return ModelSpec.load(spec)
+    raise InputError(Problem("fit", "spec", "expected a ModelSpec, a spec name or a TOML path",
+                             example=type(spec).__name__))
+
+
+def _resolve_sampler(sampler: str) -> str:
+    if sampler not in SAMPLERS:
+        raise InputError(Problem("fit", "sampler", "unknown sampler; choose one of "
+                                 + ", ".join(SAMPLERS), example=sampler))
+    if sampler == "auto":
+        return "nutpie" if importlib.util.find_spec("nutpie") else "pymc"
+    if sampler == "nutpie" and not importlib.util.find_spec("nutpie"):
+        raise InputError(Problem("fit", "sampler", "nutpie is not installed; use 'pymc'",
+                                 example=sampler))
+    if sampler == "pathfinder" and not importlib.util.find_spec("pymc_extras"):
+        import pymc as pm
+
+        raise InputError(Problem(
+            "fit", "sampler",
+            "pathfinder needs pymc-extras, which is not installed; installing it would "
+            f"downgrade PyMC (pymc-extras pins pymc<6.4, installed {pm.__version__}): use 'advi' "
+            "for a fast approximation", example=sampler))
+    return sampler
+
+
+def _combined_table(tables: list[pd.DataFrame]) -> pd.DataFrame:
+    """One table with the union of the tables' run metadata (for the inventory)."""
+    if len(tables) == 1:
+        return tables[0]
+    combined = pd.concat(tables, ignore_index=True)
+    runs: dict = {}
+    notes: list = []
+    for t in tables:
+        runs.update(t.attrs.get("runs") or {})
+        notes.extend(t.attrs.get("notes") or [])
+    combined.attrs = {**tables[0].attrs, "runs": runs, "notes": notes}
+    return combined
+
+
+def _sample(model, sampler: str, *, draws: int, tune: int, chains: int, random_seed: int,
+            progress: bool) -> xr.DataTree:
+    import pymc as pm
+
+    if sampler == "nutpie":
+        import nutpie
+
+        compiled = nutpie.compile_pymc_model(model)
+        tree = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains,
+                             cores=min(chains, 2), seed=random_seed, progress_bar=progress)
+        return _add_data_groups(tree, model)
+    if sampler == "pymc":
+        with model:
+            return pm.sample(draws=draws, tune=tune, chains=chains, cores=min(chains, 2),
+                             random_seed=random_seed, nuts_sampler="pymc",
+                             progressbar=progress, compute_convergence_checks=False)
+    if sampler == "advi":
+        from pymc.variational.callbacks import CheckParametersConvergence
+
+        with model:
+            approx = pm.fit(ADVI_ITERATIONS, method="advi", random_seed=random_seed,
+                            progressbar=progress,
+                            callbacks=[CheckParametersConvergence(tolerance=1e-3,
+                                                                  diff="relative")])
+            tree = approx.sample(draws * chains, random_seed=random_seed)
+        return _add_data_groups(tree, model)
+    import pymc_extras as pmx  # pathfinder, only reachable when pymc-extras is importable
+
+    with model:
+        tree = pmx.fit(method="pathfinder", num_draws=draws * chains, random_seed=random_seed,
+                       parallel=False)
+    return _add_data_groups(tree, model)
+
+
+def _add_data_groups(tree: xr.DataTree, model) -> xr.DataTree:
+    """Add ``observed_data``/``constant_data`` when the sampler did not write them."""
+    import pymc as pm
+
+    missing = [g for g in ("observed_data", "constant_data") if g not in tree.children]
+    if not missing:
+        return tree
+    with model:
+        extra = pm.sample_prior_predictive(draws=1, random_seed=0, var_names=[])
+    for group in missing:
+        if group in extra.children:
+            tree[group] = extra[group].to_dataset()
+    return tree
+
+
+def convergence_summary(tree: xr.DataTree) -> dict:
+    """Max R-hat, min bulk ESS, divergences and the parameters failing the thresholds.
+
+    Returns
+    -------
+    dict
+        ``max_rhat``, ``min_ess_bulk``, ``divergences`` (int), ``failing`` (list of
+        ``"name: reason"`` strings), ``checked`` (False for ADVI/pathfinder draws).
+    """
+    import arviz as az
+
+    posterior = tree["posterior"].to_dataset()
+    chains = int(posterior.sizes.get("chain", 1))
+    sampler = str(tree.attrs.get("sampler", ""))
+    divergences = 0
+    if "sample_stats" in tree.children and "diverging" in tree["sample_stats"]:
+        divergences = int(tree["sample_stats"]["diverging"].sum())
+    result = {"max_rhat": float("nan"), "min_ess_bulk": float("nan"),
+              "divergences": divergences, "failing": [],
+              "checked": sampler in ("nutpie", "pymc") and chains > 1}
+    if posterior.sizes.get("draw", 0) < 4:
+        return result
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rhat = az.rhat(posterior)
+        ess = az.ess(posterior, method="bulk")
+    rhat = rhat.to_dataset() if isinstance(rhat, xr.DataTree) else rhat
+    ess = ess.to_dataset() if isinstance(ess, xr.DataTree) else ess
+    max_rhat, min_ess = [], []
+    for name in posterior.data_vars:
+        r = np.asarray(rhat[name], dtype=float)
+        e = np.asarray(ess[name], dtype=float)
+        r_max = float(np.nanmax(r)) if np.isfinite(r).any() else float("nan")
+        e_min = float(np.nanmin(e)) if np.isfinite(e).any() else float("nan")
+        max_rhat.append(r_max)
+        min_ess.append(e_min)
+        if r_max > RHAT_MAX:
+            result["failing"].append(f"{name}: R-hat {r_max:.3f}")
+        if e_min < ESS_PER_CHAIN * chains:
+            result["failing"].append(f"{name}: bulk ESS {e_min:.0f}")
+    finite_r = [v for v in max_rhat if np.isfinite(v)]
+    finite_e = [v for v in min_ess if np.isfinite(v)]
+    result["max_rhat"] = max(finite_r) if finite_r else float("nan")
+    result["min_ess_bulk"] = min(finite_e) if finite_e else float("nan")
+    return result
+
+
+def _warn_convergence(tree: xr.DataTree) -> None:
+    summary = convergence_summary(tree)
+    if not summary["checked"]:
+        return
+    problems = list(summary["failing"])
+    if summary["divergences"]:
+        problems.insert(0, f"{summary['divergences']} divergent transitions")
+    if problems:
+        chains = int(tree["posterior"].sizes["chain"])
+        warnings.warn(
+            "the fit did not converge (R-hat must be <= "
+            f"{RHAT_MAX}, bulk ESS >= {ESS_PER_CHAIN * chains}, no divergences): "
+            + "; ".join(problems) + ". Sample longer (draws/tune) before trusting forecasts.",
+            ConvergenceWarning, stacklevel=3)
+
+
+def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int = 2,
+        sampler: str = "auto", random_seed: int = 0, progress: bool = True) -> xr.DataTree:
+    """Fit a model to trace tables and return its posterior as a self-describing DataTree.
+
+    Parameters
+    ----------
+    tables
+        One trace table or a list of them (``bayesprism.schema``).
+    spec
+        A :class:`~bayesprism.spec.ModelSpec`, a spec name (``"default"``, ``"step"``, ...) or a
+        TOML path. ``None`` means ``ModelSpec.default()``, or the step spec when every row is a
+        step-level row (``kernel_class == "step"``; a ``UserWarning`` says so).
+    draws, tune, chains
+        Posterior draws and warm-up iterations per chain, and the number of chains.
+    sampler
+        ``"auto"`` (nutpie when installed, else PyMC), ``"nutpie"``, ``"pymc"``, ``"advi"``,
+        ``"pathfinder"`` (only with pymc-extras importable).
+    random_seed
+        Seed of the sampler: the same seed gives the same draws.
+    progress
+        Show the sampler's progress bar.
+
+    Returns
+    -------
+    xarray.DataTree
+        Groups ``posterior``, ``sample_stats``, ``observed_data``, ``constant_data`` and
+        ``inventory``; root attrs as in docs/artifacts.md.
+
+    Raises
+    ------
+    InputError
+        Bad tables, spec or arguments (one problem per line; never a PyMC traceback).
+
+    Warns
+    -----
+    ConvergenceWarning
+        Divergences, R-hat > 1.01 or bulk ESS < 100 × chains (NUTS samplers).
+    """
+    from bayesprism import __version__
+    from bayesprism.inventory import kernel_inventory
+    from bayesprism.io import ARTIFACT_SCHEMA_VERSION
+    from bayesprism.model import build, prepare
+
+    tables = _as_tables(tables)
+    problems = [
+        Problem("fit", name, "must be a positive integer", example=value)
+        for name, value in (("draws", draws), ("chains", chains))
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1
+    ]
+    if isinstance(tune, bool) or not isinstance(tune, (int, np.integer)) or tune < 0:
+        problems.append(Problem("fit", "tune", "must be an integer >= 0", example=tune))
+    if problems:
+        raise InputError(problems)
+    spec = _resolve_spec(spec, tables)
+    sampler = _resolve_sampler(sampler)
+    prepared = prepare(tables, spec)
+    inventory = kernel_inventory(_combined_table(tables))
+    model = build(prepared, spec)
+
+    start = time.perf_counter()
+    tree = _sample(model, sampler, draws=int(draws), tune=int(tune), chains=int(chains),
+                   random_seed=int(random_seed), progress=progress)
+    seconds = time.perf_counter() - start
+
+    tree["inventory"] = inventory
+    posterior_attrs = {k: v for k, v in tree["posterior"].attrs.items()
+                       if k not in ("created_at", "arviz_version")}
+    posterior_attrs.update(prepared.attrs)
+    tree["posterior"].attrs = posterior_attrs
+    spec_dict = spec.to_dict()
+    tree.attrs = {
+        "bayesprism_version": __version__,
+        "schema_version": ARTIFACT_SCHEMA_VERSION,
+        "model_kind": spec.kind,
+        "spec": json.dumps(spec_dict, sort_keys=True),
+        "spec_hash": spec.spec_hash(),
+        "input_digest": input_digest(tables),
+        "sampler": sampler,
+        "seconds": float(seconds),
+        "draws": int(draws),
+        "tune": int(tune),
+        "chains": int(chains),
+        "random_seed": int(random_seed),
+        "fit_summary": json.dumps(prepared.summary, sort_keys=True, default=str),
+    }
+    _warn_convergence(tree)
+    return tree

@@ -1,0 +1,326 @@
+"""What the traced run executed: the ``inventory`` group of a posterior (docs/artifacts.md).
+
+NumPy/pandas only. Two kinds of inventory:
+
+* **kernel tables** (:func:`kernel_inventory`): per kernel its class, launches per rank and step,
+  message bytes, group size and parallel role; per rank its node and GPU; per (step, rank) the
+  span of the rank's GPU work; ``attrs["traced_plan"]`` as JSON.
+* **step-level tables** (MLPerf logs, every row ``kernel_class == "step"``,
+  :func:`step_inventory`): per run its layout (``world_size``, ``gpus_per_node``, ``dp``, ``tp``,
+  ``pp``, ``cp``, ``microbatches``, ``virtual_stages``, ``micro_batch_size``), the number of
+  logged steps, and the observed step times ``step_time_s`` (run, step_index) in logged order,
+  NaN-padded to the longest run (warm-up steps included: the inventory records what was logged,
+  the model decides what to fit).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from bayesprism.errors import InputError, Problem
+
+COLLECTIVE_CLASSES: tuple[str, ...] = (
+    "allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv",
+)
+
+#: Which parallel dimension a collective of each class most likely serves when the group size
+#: matches several of them (e.g. dp == tp): first match wins.
+ROLE_PREFERENCE: dict[str, tuple[str, ...]] = {
+    "alltoall": ("ep", "cp", "tp", "dp"),
+    "sendrecv": ("pp", "cp", "tp", "dp", "ep"),
+    "allreduce": ("dp", "tp", "cp", "ep"),
+    "allgather": ("dp", "tp", "cp", "ep"),
+    "reducescatter": ("dp", "tp", "cp", "ep"),
+    "broadcast": ("dp", "tp", "cp", "ep"),
+}
+
+
+def _positive_int(value) -> int | None:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number >= 1 and number == float(value) else None
+
+
+def run_layout(run: str, meta: dict, source: str = "table") -> tuple[dict, list[Problem]]:
+    """The parallel layout of one run from its ``attrs["runs"][run]`` entry.
+
+    Parameters
+    ----------
+    run
+        Run label (used in messages).
+    meta
+        The run's metadata: ``world_size`` (or ``gpus``), ``gpus_per_node``,
+        ``global_batch_size`` and ``plan`` (``dp``, ``tp``, ``pp``, ``cp``, ``ep``,
+        ``microbatches``, ``virtual_stages``, ``micro_batch_size``).
+    source
+        Name used in problems.
+
+    Returns
+    -------
+    (layout, problems)
+        ``layout`` has ``world_size, gpus_per_node, dp, tp, pp, cp, ep, microbatches,
+        virtual_stages, micro_batch_size`` (float) and ``micro_batch_size_known``; missing sizes
+        default to 1 and ``dp`` to ``world_size / (tp·pp·cp)``. ``microbatches`` is None when
+        not logged (a problem for the step model, reported in ``problems``).
+    """
+    problems: list[Problem] = []
+    plan = dict(meta.get("plan") or {})
+    field = f"attrs.runs[{run!r}]"
+    layout: dict = {}
+
+    def read(name: str, value, default=None):
+        if value is None:
+            return default
+        number = _positive_int(value)
+        if number is None:
+            problems.append(Problem(source, f"{field}.{name}", "must be a positive integer",
+                                    example=value))
+        return number
+
+    for name in ("tp", "pp", "cp", "ep", "virtual_stages"):
+        layout[name] = read(f"plan.{name}", plan.get(name), 1) or 1
+    layout["microbatches"] = read("plan.microbatches", plan.get("microbatches"))
+    if layout["microbatches"] is None and "microbatches" not in plan:
+        problems.append(Problem(source, f"{field}.plan.microbatches",
+                                "is missing (gradient-accumulation steps per DP rank)"))
+    world = read("world_size", meta.get("world_size", meta.get("gpus", plan.get("world_size"))))
+    model_parallel = layout["tp"] * layout["pp"] * layout["cp"]
+    dp = read("plan.dp", plan.get("dp"))
+    if dp is None and world is not None:
+        dp = max(world // model_parallel, 1)
+    if world is None and dp is not None:
+        world = dp * model_parallel
+    if world is None:
+        problems.append(Problem(source, f"{field}.world_size", "is missing (and plan.dp too)"))
+    elif dp * model_parallel != world:
+        problems.append(Problem(source, f"{field}.plan",
+                                f"dp*tp*pp*cp = {dp * model_parallel} differs from world_size "
+                                f"{world}", example=plan))
+    layout["world_size"], layout["dp"] = world, dp
+    layout["gpus_per_node"] = read("gpus_per_node",
+                                   meta.get("gpus_per_node", plan.get("gpus_per_node")), 8) or 8
+    mbs = plan.get("micro_batch_size", meta.get("micro_batch_size"))
+    batch = meta.get("global_batch_size", meta.get("global_batch"))
+    if mbs is None and batch is not None and dp and layout["microbatches"]:
+        mbs = float(batch) / (dp * layout["microbatches"])
+    layout["micro_batch_size"] = float(mbs) if mbs is not None else 1.0
+    layout["micro_batch_size_known"] = mbs is not None
+    return layout, problems
+
+
+def is_step_table(table: pd.DataFrame) -> bool:
+    """True when every row is a step-level row (``kernel_class == "step"``)."""
+    return len(table) > 0 and bool((table["kernel_class"].astype(str) == "step").all())
+
+
+def traced_plan(table: pd.DataFrame) -> dict:
+    """The parallel plan of the traced run, from ``table.attrs`` (dp defaults to world size).
+
+    Uses the run with the most rows when the table holds several. Keys: ``dp, tp, pp, cp, ep,
+    microbatches, gpus_per_node, world_size`` (``microbatches`` None when unknown) and ``known``
+    (False when the trace carried no plan at all).
+    """
+    runs_meta = table.attrs.get("runs") or {}
+    run = str(table["run"].astype(str).value_counts().index[0]) if len(table) else None
+    meta = dict(runs_meta.get(run) or {})
+    plan = dict(meta.get("plan") or {})
+    ranks = table.loc[table["rank"] >= 0, "rank"]
+    world = _positive_int(meta.get("world_size", plan.get("world_size")))
+    if world is None:
+        world = int(ranks.max()) + 1 if len(ranks) else 1
+    sizes = {k: _positive_int(plan.get(k)) or 1 for k in ("tp", "pp", "cp", "ep")}
+    dp = _positive_int(plan.get("dp")) or max(world // (sizes["tp"] * sizes["pp"] * sizes["cp"]), 1)
+    gpus_per_node = _positive_int(meta.get("gpus_per_node", plan.get("gpus_per_node")))
+    if gpus_per_node is None:
+        per_node = table.loc[table["rank"] >= 0].groupby("node", observed=True)["gpu"].nunique()
+        gpus_per_node = int(per_node.max()) if len(per_node) else 1
+    return {"dp": dp, **sizes, "microbatches": _positive_int(plan.get("microbatches")),
+            "gpus_per_node": gpus_per_node, "world_size": world, "known": bool(plan)}
+
+
+def collective_role(kernel_class: str, group_size: float, plan: dict) -> str:
+    """The parallel role of a collective: which plan dimension its group size matches.
+
+    Compute classes are ``"compute"``. With a known plan a group size equal to dp, tp, pp, cp or
+    ep gives that role (ties broken by :data:`ROLE_PREFERENCE`; send/recv between pipeline
+    stages is ``"pp"`` when pp > 1). Without a plan a world-size group is ``"dp"``. Anything else
+    is ``"unknown"``.
+    """
+    if kernel_class not in COLLECTIVE_CLASSES:
+        return "compute"
+    if kernel_class == "sendrecv" and plan.get("known") and plan.get("pp", 1) > 1:
+        return "pp"
+    if group_size is None or not np.isfinite(group_size):
+        return "unknown"
+    size = int(group_size)
+    if plan.get("known"):
+        for role in ROLE_PREFERENCE[kernel_class]:
+            if plan.get(role, 1) > 1 and plan[role] == size:
+                return role
+        return "unknown"
+    return "dp" if size == plan.get("world_size") and size > 1 else "unknown"
+
+
+def _typical(values: pd.Series) -> float:
+    values = values.dropna()
+    if len(values) == 0:
+        return float("nan")
+    counts = values.value_counts()
+    return float(counts.index[0])
+
+
+def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
+    """The inventory of a kernel-level trace table (docs/artifacts.md, ``inventory`` group).
+
+    A step-level table (every row ``kernel_class == "step"``) gets :func:`step_inventory`.
+
+    Parameters
+    ----------
+    table
+        A validated trace table; ``table.attrs`` may carry the traced plan (``runs``).
+
+    Returns
+    -------
+    xarray.Dataset
+        Variables ``kernel_class``, ``launches_per_step``, ``bytes_per_launch``, ``group_size``,
+        ``role`` (kernel); ``launches`` (kernel, rank); ``rank_node``, ``rank_gpu`` (rank);
+        ``traced_step_time_us`` (step_unit, rank; NaN without ``start_us`` or where the rank ran
+        nothing in that step). attrs ``kind="kernel"``, ``traced_plan`` (JSON), ``run``,
+        ``platform``.
+    """
+    if len(table) == 0:
+        raise InputError(Problem("table", "", "the table has no rows"))
+    if is_step_table(table):
+        return step_inventory(table)
+    rows = table.loc[table["kernel_class"].astype(str) != "step"]
+    plan = traced_plan(rows)
+    run = rows["run"].astype(str)
+    step_unit = run + "/" + rows["step"].astype(str)
+    kernels = sorted(rows["kernel"].astype(str).unique().tolist())
+    ranks = sorted(int(r) for r in rows["rank"].unique())
+    frame = pd.DataFrame({
+        "kernel": rows["kernel"].astype(str).to_numpy(),
+        "kernel_class": rows["kernel_class"].astype(str).to_numpy(),
+        "rank": rows["rank"].to_numpy(dtype=np.int64),
+        "step_unit": step_unit.to_numpy(),
+    })
+    steps_per_rank = frame.groupby("rank")["step_unit"].nunique().reindex(ranks)
+    counts = frame.groupby(["kernel", "rank"]).size().unstack("rank", fill_value=0)
+    counts = counts.reindex(index=kernels, columns=ranks, fill_value=0)
+    launches = counts.to_numpy(dtype=float) / steps_per_rank.to_numpy(dtype=float)[None, :]
+    kernel_class = frame.groupby("kernel")["kernel_class"].agg(lambda s: s.value_counts().index[0])
+    kernel_class = kernel_class.reindex(kernels)
+    is_collective = kernel_class.isin(COLLECTIVE_CLASSES).to_numpy()
+
+    def per_kernel(column: str, how) -> np.ndarray:
+        if column not in rows.columns:
+            return np.full(len(kernels), np.nan)
+        values = pd.Series(pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float),
+                           index=frame["kernel"].to_numpy())
+        out = values.groupby(level=0).agg(how).reindex(kernels).to_numpy(dtype=float)
+        return np.where(is_collective, out, np.nan)
+
+    bytes_per_launch = per_kernel("bytes", "mean")
+    group_size = per_kernel("group_size", _typical)
+    roles = [collective_role(c, g, plan) for c, g in zip(kernel_class, group_size, strict=True)]
+
+    placement = rows.groupby("rank", observed=True)[["node", "gpu"]].first().reindex(ranks)
+    step_units = sorted(frame["step_unit"].unique().tolist(), key=_step_unit_key)
+    if "start_us" in rows.columns and rows["start_us"].notna().any():
+        start = rows["start_us"].to_numpy(dtype=float)
+        spans = pd.DataFrame({"step_unit": frame["step_unit"], "rank": frame["rank"],
+                              "start": start, "end": start + rows["duration_us"].to_numpy(float)})
+        grouped = spans.groupby(["step_unit", "rank"])
+        span = (grouped["end"].max() - grouped["start"].min()).unstack("rank")
+        span = span.reindex(index=step_units, columns=ranks).to_numpy(dtype=float)
+        span_note = "span from start_us and duration_us"
+    else:
+        span = np.full((len(step_units), len(ranks)), np.nan)
+        span_note = "no start_us column: step spans unknown"
+
+    platforms = sorted({str(m.get("platform")) for m in (rows.attrs.get("runs") or {}).values()
+                        if m.get("platform")})
+    plan_json = {k: v for k, v in plan.items() if k != "known"}
+    ds = xr.Dataset(
+        {
+            "kernel_class": ("kernel", kernel_class.to_numpy(dtype=str).astype(object)),
+            "launches_per_step": ("kernel", launches.mean(axis=1)),
+            "launches": (("kernel", "rank"), launches),
+            "bytes_per_launch": ("kernel", bytes_per_launch),
+            "group_size": ("kernel", group_size),
+            "role": ("kernel", np.array(roles, dtype=object)),
+            "rank_node": ("rank", placement["node"].astype(str).to_numpy().astype(object)),
+            "rank_gpu": ("rank", placement["gpu"].to_numpy(dtype=np.int64)),
+            "traced_step_time_us": (("step_unit", "rank"), span),
+        },
+        coords={"kernel": np.array(kernels, dtype=object), "rank": np.array(ranks),
+                "step_unit": np.array(step_units, dtype=object)},
+        attrs={"kind": "kernel", "traced_plan": json.dumps(plan_json, sort_keys=True),
+               "plan_known": int(plan["known"]), "run": ",".join(sorted(run.unique())),
+               "platform": ",".join(platforms), "traced_step_time_note": span_note},
+    )
+    return ds
+
+
+def _step_unit_key(label: str) -> tuple[str, int]:
+    run, _, step = label.rpartition("/")
+    return run, int(step)
+
+
+def step_inventory(table: pd.DataFrame) -> xr.Dataset:
+    """The inventory of a step-level table: one entry per logged run.
+
+    Parameters
+    ----------
+    table
+        Rows with ``kernel_class == "step"``; ``attrs["runs"][run]`` as in :func:`run_layout`.
+
+    Returns
+    -------
+    xarray.Dataset
+        Per ``run``: ``platform`` (str), ``world_size``, ``gpus_per_node``, ``dp``, ``tp``,
+        ``pp``, ``cp``, ``ep``, ``microbatches`` (−1 when not logged), ``virtual_stages``,
+        ``micro_batch_size``, ``steps_logged``, ``step_time_median_s``; ``step_time_s`` (run,
+        step_index): every logged step time in seconds, ordered by ``step``, NaN-padded.
+        attrs ``kind="step"``, ``run`` (comma-separated run labels), ``platform``.
+    """
+    runs_meta = table.attrs.get("runs") or {}
+    run_col = table["run"].astype(str)
+    runs = sorted(run_col.unique().tolist())
+    ordered = pd.DataFrame({"run": run_col.to_numpy(), "step": table["step"].to_numpy(),
+                            "t": table["duration_us"].to_numpy(dtype=float) * 1e-6})
+    ordered = ordered.sort_values(["run", "step"], kind="stable")
+    ordered["index"] = ordered.groupby("run").cumcount()
+    times = ordered.pivot(index="run", columns="index", values="t").reindex(runs)
+    fields = ("world_size", "gpus_per_node", "dp", "tp", "pp", "cp", "ep", "microbatches",
+              "virtual_stages")
+    values: dict[str, list] = {f: [] for f in fields}
+    mbs, platforms = [], []
+    for run in runs:
+        meta = runs_meta.get(run) or {}
+        layout, _ = run_layout(run, meta)
+        for f in fields:
+            values[f].append(-1 if layout.get(f) is None else int(layout[f]))
+        mbs.append(layout["micro_batch_size"] if layout["micro_batch_size_known"] else np.nan)
+        platforms.append(str(meta.get("platform", "")))
+    data = {f: ("run", np.array(v, dtype=np.int64)) for f, v in values.items()}
+    data.update({
+        "platform": ("run", np.array(platforms, dtype=object)),
+        "micro_batch_size": ("run", np.array(mbs, dtype=float)),
+        "steps_logged": ("run", times.notna().sum(axis=1).to_numpy(dtype=np.int64)),
+        "step_time_median_s": ("run", times.median(axis=1).to_numpy(dtype=float)),
+        "step_time_s": (("run", "step_index"), times.to_numpy(dtype=float)),
+    })
+    return xr.Dataset(
+        data,
+        coords={"run": np.array(runs, dtype=object),
+                "step_index": np.arange(times.shape[1])},
+        attrs={"kind": "step", "run": ",".join(runs),
+               "platform": ",".join(sorted({p for p in platforms if p}))},
+    )

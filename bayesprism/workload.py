@@ -1,0 +1,428 @@
+"""Workload of a target plan: what one rank computes and communicates, per posterior draw.
+
+:func:`build_plan_model` turns a kernel-level posterior (``docs/artifacts.md``: ``posterior`` and
+``inventory`` groups) and a :class:`~bayesprism.plan.ParallelPlan` into per-draw typical times:
+forward/backward compute per micro-batch, optimizer time, every collective's transfer time by
+the ring cost model of ``bayesprism.collectives``, and the effective variability loadings that
+``bayesprism.composition`` samples from. NumPy only.
+
+Scaling from the traced run to the target plan
+----------------------------------------------
+Notation: the traced plan (``inventory.attrs["traced_plan"]``) is ``dp0, tp0, pp0, cp0, m0``
+(missing entries are 1); the target is ``dp, tp, pp, cp, m``. Work per kernel is
+``launches_per_step * exp(kernel_log_median)``.
+
+* The micro-batch size is the traced one; the target's global batch is ``dp * m`` of them.
+* The traced rank's per-step compute is ``m0`` micro-batches of one pipeline stage of a
+  ``tp0 * cp0``-sharded model. Compute kernels (``gemm``, ``attention``, ``elementwise``,
+  ``norm``, ``memcpy``, ``other``) therefore cost, per micro-batch on one target GPU,
+  ``work * tp0*cp0*pp0 / (m0 * tp*cp*pp)``: GEMM/attention work divides by ``tp`` and ``cp``;
+  element-wise and norm kernels too (sequence parallelism alongside TP, sequence split by CP);
+  a stage holds ``1/pp`` of the layers. With a plain-DP traced run this is the per-GPU compute
+  of one model replica divided across ``tp * cp * pp``.
+* Forward : backward compute = 1 : 2 (the backward computes input and weight gradients); the
+  zero-bubble schedule splits the backward into equal input-gradient and weight-gradient halves.
+* ``optimizer`` kernels run once per step on the rank's parameter shard:
+  ``work * tp0*pp0 / (tp*pp)``, divided further by ``dp*cp`` under zero1/zero2/fsdp sharding
+  (and multiplied by the traced ``dp0*cp0`` if the traced run was sharded).
+* Collectives with the cost model (``posterior.attrs["collective_model"]``), by ``role``:
+  ``tp`` (group ``tp``), ``cp`` (group ``cp``) and ``ep`` (all-to-all, group ``ep``) keep their
+  launches per layer: ``launches_per_step * pp0 / (m0 * pp)`` per micro-batch, half in the
+  forward, half in the backward, message bytes ``* cp0/cp`` (tokens per rank); they block the
+  stage's compute. ``pp`` send/recv: one per micro-batch per stage boundary and direction,
+  bytes ``* cp0/cp``. ``dp``: the traced gradient bytes per rank (AllReduce + ReduceScatter
+  launches) are the parameters of a ``tp0*pp0`` shard, so the target sends
+  ``bytes * tp0*pp0 / (tp*pp)`` in as many buckets as traced, over a group of ``dp*cp``:
+  ``none`` AllReduce; ``zero1``/``zero2`` ReduceScatter + AllGather of the updated parameters;
+  ``fsdp`` ReduceScatter + two parameter AllGathers (forward and backward, parameters kept
+  across micro-batches). ``overlap`` hides that fraction of the data-parallel time.
+  Roles the traced run lacks are synthesised only from the plan's ``activation_bytes``
+  (TP: 4 AllReduces per layer, needs ``layers``; PP: one send/recv) or ``gradient_bytes``
+  (DP, 25 MB buckets); otherwise they are left out with a ``PlanWarning``.
+  ReduceScatter/AllGather without fitted cost parameters use the AllReduce parameters.
+* A group spans nodes (inter tier) when its rank span exceeds ``gpus_per_node``; ranks are
+  ordered tp fastest, then cp, dp, pp (Megatron), node = rank // gpus_per_node.
+* Collective kernels without a cost model keep their kernel-model duration
+  (``exp(kernel_log_median)``, group size as traced) and are counted as exposed communication.
+
+Effective loadings
+------------------
+A rank's compute mixes kernel classes with different loadings; per draw, each level's loading
+(node, GPU, step, GPU x step) is the work-weighted average of the class loadings (first order in
+their differences). The residuals of the rank's launches in one step are moment-matched by one
+lognormal factor: mean ``sum_k w_k e^{s_k^2/2} / sum_k w_k`` and relative variance
+``sum_k (w_k^2 / n_k) (e^{s_k^2}-1) e^{s_k^2} / (sum_k w_k e^{s_k^2/2})^2`` (``w_k`` work and
+``n_k`` launches of kernel k per step, ``s_k`` its class's ``resid_scale``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import xarray as xr
+
+from bayesprism import collectives
+from bayesprism.errors import InputError, Problem
+from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
+
+MICROBATCH_CLASSES = ("gemm", "attention", "elementwise", "norm", "memcpy", "other")
+COMM_ROLES = ("tp", "cp", "ep", "pp", "dp")
+DDP_BUCKET_BYTES = 25 * 2**20
+LEVELS = ("node", "gpu", "step", "gpustep")
+
+
+# ---------------------------------------------------------------------------- reading
+def flat_draws(da: xr.DataArray) -> np.ndarray:
+    """(chain, draw, ...) -> (chain*draw, ...) in chain-major order."""
+    rest = [d for d in da.dims if d not in ("chain", "draw")]
+    return da.transpose("chain", "draw", *rest).to_numpy().reshape(-1, *da.shape[2:])
+
+
+def _traced_plan(inventory: xr.Dataset) -> dict:
+    raw = inventory.attrs.get("traced_plan", "{}")
+    plan = json.loads(raw) if isinstance(raw, str) else dict(raw)
+    out = {k: int(plan.get(k) or 1) for k in ("dp", "tp", "pp", "cp", "ep", "microbatches")}
+    out["sharding"] = plan.get("sharding") or "none"
+    return out
+
+
+def _collective_model(posterior: xr.DataTree, group: xr.Dataset) -> set[str]:
+    raw = posterior.attrs.get("collective_model", group.attrs.get("collective_model"))
+    if raw is None:
+        return (
+            set(group["coll_latency_us"]["collective"].to_numpy().astype(str))
+            if ("coll_latency_us" in group)
+            else set()
+        )
+    if isinstance(raw, str):
+        raw = json.loads(raw) if raw.strip().startswith("[") else raw.split(",")
+    return {str(c).strip() for c in np.atleast_1d(raw) if str(c).strip()}
+
+
+@dataclass
+class CommTerm:
+    """One kind of collective traffic of the target plan, deterministic per draw."""
+
+    kind: str  # collective class, for congestion
+    where: str  # "stage" (per micro-batch, blocks compute), "p2p", "dp", "fallback"
+    det_us: np.ndarray  # (D,) total per step for the rank (per micro-batch & direction for p2p)
+    noise_mean_log: np.ndarray  # (D,)
+    noise_sd_log: np.ndarray  # (D,)
+    congestion_sd: np.ndarray  # (D,)
+
+
+@dataclass
+class PlanModel:
+    """Per-draw deterministic quantities of one plan (arrays of length D = chain*draw)."""
+
+    plan: ParallelPlan
+    gpus_per_node: int
+    fwd_us: np.ndarray  # typical compute of one micro-batch forward on one GPU
+    bwd_us: np.ndarray
+    opt_us: np.ndarray  # optimizer per step per GPU
+    loading: dict[str, np.ndarray]  # level -> effective loading
+    resid_mu: np.ndarray  # mean of the per-rank-step residual log factor
+    resid_sd: np.ndarray
+    comms: list[CommTerm] = field(default_factory=list)
+
+    @property
+    def draws(self) -> int:
+        return int(self.fwd_us.shape[0])
+
+
+def build_plan_model(
+    posterior: xr.DataTree,
+    plan: ParallelPlan,
+    cluster: Cluster | None = None,
+    *,
+    typical: bool = False,
+) -> PlanModel:
+    """Deterministic per-draw quantities of ``plan`` from a kernel-level posterior.
+
+    With ``typical=True`` a single "draw" is built from the posterior medians with every
+    variability scale set to zero: the plan's variability-free step.
+    """
+    if "posterior" not in posterior.children or "inventory" not in posterior.children:
+        raise InputError(
+            Problem(
+                "posterior",
+                "groups",
+                "needs the 'posterior' and 'inventory' "
+                "groups of a kernel-level fit (docs/artifacts.md)",
+            )
+        )
+    group = posterior["posterior"].to_dataset()
+    inventory = posterior["inventory"].to_dataset()
+    traced = _traced_plan(inventory)
+    gpn = cluster.gpus_per_node if cluster is not None else plan.gpus_per_node
+    if cluster is not None and cluster.gpus_per_node != plan.gpus_per_node:
+        warnings.warn(
+            f"{plan.name}: cluster gpus_per_node = {cluster.gpus_per_node} overrides "
+            f"the plan's {plan.gpus_per_node}",
+            PlanWarning,
+            stacklevel=3,
+        )
+
+    def per_draw(da: xr.DataArray) -> np.ndarray:
+        values = flat_draws(da)
+        return np.median(values, axis=0, keepdims=True) if typical else values
+
+    kernels = inventory["kernel_class"]["kernel"].to_numpy().astype(str)
+    classes = inventory["kernel_class"].to_numpy().astype(str)
+    roles = (
+        inventory["role"].to_numpy().astype(str)
+        if "role" in inventory
+        else np.full(kernels.shape, "unknown")
+    )
+    launches = inventory["launches_per_step"].to_numpy().astype(float)
+    group_sizes = (
+        inventory["group_size"].to_numpy().astype(float)
+        if "group_size" in inventory
+        else np.full(kernels.shape, np.nan)
+    )
+    nbytes = (
+        inventory["bytes_per_launch"].to_numpy().astype(float)
+        if "bytes_per_launch" in inventory
+        else np.full(kernels.shape, np.nan)
+    )
+    modelled = _collective_model(posterior, group)
+    median_kernels = set(group["kernel_log_median"]["kernel"].to_numpy().astype(str))
+
+    draws = 1 if typical else int(group.sizes["chain"] * group.sizes["draw"])
+    class_names = (
+        group["kernel_class"].to_numpy().astype(str)
+        if "kernel_class" in group.coords
+        else np.array([], dtype=str)
+    )
+
+    def class_scale(level: str, cls: str) -> np.ndarray:
+        name = f"{level}_scale"
+        if typical or name not in group or cls not in class_names:
+            return np.zeros(draws)
+        return flat_draws(group[name].sel(kernel_class=cls))
+
+    tp0, pp0, cp0, m0 = traced["tp"], traced["pp"], traced["cp"], traced["microbatches"]
+    tp, pp, cp, m = plan.tp, plan.pp, plan.cp, plan.microbatches
+    shard = plan.dp * plan.cp if plan.sharding != "none" else 1
+    shard0 = traced["dp"] * traced["cp"] if traced["sharding"] != "none" else 1
+    microbatch_factor = tp0 * cp0 * pp0 / (m0 * tp * cp * pp)
+    per_mb_launch_factor = pp0 / (m0 * pp)
+    duration_factor = tp0 * cp0 / (tp * cp)
+
+    fwd_bwd = np.zeros(draws)
+    opt = np.zeros(draws)
+    # work-weighted sums for the effective loadings and the residual moments
+    weight_sum = np.zeros(draws)
+    loading_sums = {level: np.zeros(draws) for level in LEVELS}
+    mean_inflation = np.zeros(draws)
+    var_sum = np.zeros(draws)
+    fallback: list[tuple[str, np.ndarray]] = []
+    skipped: list[str] = []
+    # (collective kind, where, group size, bytes per launch, launches per step, tier)
+    comm_specs: list[tuple[str, str, int, float, float, str]] = []
+
+    for k, (name, cls, role) in enumerate(zip(kernels, classes, roles, strict=True)):
+        is_coll = cls in collectives.COLLECTIVE_CLASSES
+        if is_coll and cls in modelled and role in COMM_ROLES:
+            continue  # handled with the cost model below
+        if name not in median_kernels:
+            skipped.append(name)
+            continue
+        typical_us = np.exp(per_draw(group["kernel_log_median"].sel(kernel=name)))
+        if is_coll:
+            count = launches[k] * (1.0 if role == "dp" else m * per_mb_launch_factor)
+            # a role's collectives vanish when the target drops a parallelism the trace had
+            if role in ("tp", "cp", "ep", "pp") and getattr(plan, role) == 1 and traced[role] > 1:
+                continue
+            inflation = np.exp(0.5 * class_scale("resid", cls) ** 2)
+            fallback.append((cls, count * typical_us * inflation))
+            continue
+        if cls == "optimizer":
+            n_step = launches[k]
+            dur = typical_us * tp0 * pp0 / (tp * pp) * shard0 / shard
+            opt = opt + n_step * dur
+        else:
+            n_step = launches[k] * m * per_mb_launch_factor
+            dur = typical_us * duration_factor
+            fwd_bwd = fwd_bwd + launches[k] * typical_us * microbatch_factor
+        work = n_step * dur
+        sd = class_scale("resid", cls)
+        weight_sum += work
+        for level in LEVELS:
+            loading_sums[level] += work * class_scale(level, cls)
+        mean_inflation += work * np.exp(0.5 * sd**2)
+        if n_step > 0:
+            var_sum += work**2 / n_step * np.expm1(sd**2) * np.exp(sd**2)
+    if skipped:
+        warnings.warn(
+            f"{len(skipped)} inventory kernels have no kernel_log_median in the "
+            f"posterior and were left out, e.g. {skipped[0]!r}",
+            PlanWarning,
+            stacklevel=3,
+        )
+    safe = np.where(weight_sum > 0, weight_sum, 1.0)
+    loading = {level: loading_sums[level] / safe for level in LEVELS}
+    inflation = np.where(weight_sum > 0, mean_inflation / safe, 1.0)
+    rel_var = np.where(weight_sum > 0, var_sum / np.maximum(mean_inflation, 1e-300) ** 2, 0.0)
+    s2 = np.log1p(rel_var)
+    resid_mu = np.log(inflation) - 0.5 * s2
+    resid_sd = np.sqrt(s2)
+
+    # ---- collectives with the cost model
+    def span_tier(span: int) -> str:
+        return "inter" if span > gpn else "intra"
+
+    role_rows = {
+        r: [
+            k
+            for k in range(len(kernels))
+            if roles[k] == r
+            and classes[k] in modelled
+            and classes[k] in collectives.COLLECTIVE_CLASSES
+        ]
+        for r in COMM_ROLES
+    }
+    stage_roles = (("tp", tp, tp), ("cp", cp, tp * cp), ("ep", plan.ep, tp * cp * plan.ep))
+    for role, degree, span in stage_roles:
+        rows = role_rows[role]
+        if rows and traced[role] == 1:
+            # groups of a role the traced plan does not have (an inconsistent inventory): the
+            # traced groups are kept as they ran, whatever the target's degree
+            for k in rows:
+                size = float(group_sizes[k]) if np.isfinite(group_sizes[k]) else 2.0
+                count = launches[k] * per_mb_launch_factor * m
+                tier = span_tier(int(size))
+                nbytes_k = float(np.nan_to_num(nbytes[k]))
+                comm_specs.append((classes[k], "stage", int(size), nbytes_k, count, tier))
+            continue
+        if degree == 1:
+            continue
+        if rows:
+            for k in rows:
+                count = launches[k] * per_mb_launch_factor * m
+                size = nbytes[k] * traced["cp"] / cp if np.isfinite(nbytes[k]) else 0.0
+                comm_specs.append((classes[k], "stage", degree, size, count, span_tier(span)))
+        elif role == "tp" and plan.activation_bytes and plan.layers:
+            count = 4.0 * plan.layers / pp * m
+            comm_specs.append(
+                ("allreduce", "stage", tp, plan.activation_bytes / cp, count, span_tier(span))
+            )
+        else:
+            warnings.warn(
+                f"{plan.name}: the traced run has no {role.upper()} collectives and the "
+                f"plan gives no activation_bytes/layers to synthesise them: "
+                f"{role.upper()} communication is left out",
+                PlanWarning,
+                stacklevel=3,
+            )
+    if pp > 1:
+        rows = role_rows["pp"]
+        tier = "inter" if tp * cp * plan.dp >= gpn else "intra"
+        if rows:
+            size = float(np.nanmean([nbytes[k] for k in rows])) * traced["cp"] / cp
+            comm_specs.append(("sendrecv", "p2p", 2, size, 1.0, tier))
+        elif plan.activation_bytes:
+            comm_specs.append(("sendrecv", "p2p", 2, plan.activation_bytes / cp, 1.0, tier))
+        else:
+            warnings.warn(
+                f"{plan.name}: the traced run has no pipeline send/recv and the plan "
+                "gives no activation_bytes: pipeline transfers are left out",
+                PlanWarning,
+                stacklevel=3,
+            )
+    dp_group = plan.dp * cp
+    if dp_group > 1:
+        rows = [k for k in role_rows["dp"] if classes[k] in ("allreduce", "reducescatter")]
+        if rows:
+            grad_bytes = sum(launches[k] * nbytes[k] for k in rows if np.isfinite(nbytes[k]))
+            grad_bytes *= tp0 * pp0 / (tp * pp)
+            buckets = max(1.0, float(sum(launches[k] for k in rows)))
+        elif plan.gradient_bytes:
+            grad_bytes = plan.gradient_bytes / (tp * pp)
+            buckets = max(1.0, math.ceil(grad_bytes / DDP_BUCKET_BYTES))
+        else:
+            grad_bytes = 0.0
+            warnings.warn(
+                f"{plan.name}: the traced run has no data-parallel gradient "
+                "collectives and the plan gives no gradient_bytes: data-parallel "
+                "communication is left out",
+                PlanWarning,
+                stacklevel=3,
+            )
+        if grad_bytes > 0:
+            tier = span_tier(tp * cp * plan.dp)
+            per_bucket = grad_bytes / buckets
+            kinds = {
+                "none": ["allreduce"],
+                "zero1": ["reducescatter", "allgather"],
+                "zero2": ["reducescatter", "allgather"],
+                "fsdp": ["reducescatter", "allgather", "allgather"],
+            }[plan.sharding]
+            for kind in kinds:
+                comm_specs.append((kind, "dp", dp_group, per_bucket, buckets, tier))
+
+    comms = [_comm_term(group, spec, per_draw, typical, cluster) for spec in comm_specs]
+    for cls, det in fallback:
+        zeros = np.zeros(draws)
+        comms.append(CommTerm(cls, "fallback", det, zeros, zeros, zeros))
+    return PlanModel(
+        plan=plan,
+        gpus_per_node=gpn,
+        fwd_us=fwd_bwd / 3.0,
+        bwd_us=2.0 * fwd_bwd / 3.0,
+        opt_us=opt,
+        loading=loading,
+        resid_mu=resid_mu,
+        resid_sd=resid_sd,
+        comms=comms,
+    )
+
+
+def _comm_term(group: xr.Dataset, spec, per_draw, typical: bool, cluster: Cluster | None):
+    kind, where, size, nbytes, count, tier = spec
+    if "coll_latency_us" not in group:
+        raise InputError(
+            Problem(
+                "posterior",
+                "coll_latency_us",
+                "the plan needs the collective cost model, absent from the fit",
+            )
+        )
+    available = set(group["coll_latency_us"]["collective"].to_numpy().astype(str))
+    source = kind if kind in available else "allreduce"
+    if source not in available:
+        raise InputError(
+            Problem(
+                "posterior",
+                "coll_latency_us",
+                f"no cost parameters for {kind!r} (nor 'allreduce')",
+                example=sorted(available),
+            )
+        )
+    latency = per_draw(group["coll_latency_us"].sel(collective=source, tier=tier))
+    bandwidth = per_draw(group["coll_bandwidth_gbps"].sel(collective=source, tier=tier))
+    if cluster is not None and cluster.tiers and tier in cluster.tiers:
+        override = cluster.tiers[tier]
+        if "latency_us" in override:
+            latency = np.full_like(latency, float(override["latency_us"]))
+        if "bandwidth_gbps" in override:
+            bandwidth = np.full_like(bandwidth, float(override["bandwidth_gbps"]))
+    one = collectives.transfer_time_us(kind, size, nbytes, latency, bandwidth)
+    draws = one.shape[0]
+
+    def scalar(name: str) -> np.ndarray:
+        if typical or name not in group:
+            return np.zeros(draws)
+        return flat_draws(group[name].sel(collective=source))
+
+    noise = scalar("coll_noise")
+    launches = max(count, 1.0)
+    rel_var = np.expm1(noise**2) / launches
+    s2 = np.log1p(rel_var)
+    return CommTerm(
+        kind, where, count * one, 0.5 * noise**2 - 0.5 * s2, np.sqrt(s2), scalar("coll_congestion")
+    )

@@ -1,0 +1,246 @@
+"""Composition: hand-computable step times, order statistics, exact vs fast path."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import numpy as np
+import pytest
+from _kernel_posteriors import gemm_only, kernel_posterior
+from scipy import stats
+
+from bayesprism.composition import build_plan_model, compose, ideal_step_time, rank_law
+from bayesprism.errors import InputError
+from bayesprism.extremes import top_node_log_multipliers
+from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
+
+LOG100 = float(np.log(100.0))
+VARIABLE = {"node": {"gemm": 0.08}, "gpu": {"gemm": 0.04}, "gpustep": {"gemm": 0.02},
+            "resid": {"gemm": 0.3}, "step": {"gemm": 0.02}}
+
+
+def quiet_compose(*args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)
+        return compose(*args, **kwargs)
+
+
+def dp_posterior(**kwargs):
+    kernels = {
+        "gemm0": {"class": "gemm", "launches": 10, "log_median": LOG100},
+        "ar_grad": {"class": "allreduce", "role": "dp", "launches": 2, "bytes": 1e8,
+                    "group": 8, "log_median": float(np.log(5000.0))},
+    }
+    return kernel_posterior(kernels, traced_plan={"dp": 8}, **kwargs)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_deterministic_pipeline_step_is_m_plus_p_minus_1_slots(schedule):
+    post = gemm_only(draws=3)  # one rank did 10 x 100 us per step, one micro-batch
+    plan = ParallelPlan(pp=4, microbatches=8, schedule=schedule)
+    steps = quiet_compose(post, plan, replicates=2, rng=np.random.default_rng(0))
+    slot = 10 * 100.0 / 4 * 1e-6  # F + B of one micro-batch on a stage of 1/4 of the layers
+    np.testing.assert_allclose(steps.step_time_s, (8 + 4 - 1) * slot)
+    np.testing.assert_allclose(steps.compute_s, 8 * slot)
+    np.testing.assert_allclose(steps.bubble_s, 3 * slot)
+    np.testing.assert_allclose(steps.wait_s, 0.0, atol=1e-15)
+    assert steps.ideal_step_time_s == pytest.approx(11 * slot)
+
+
+def test_zero_bubble_and_interleaved_steps():
+    post = gemm_only(draws=2)
+    slot = 10 * 100.0 / 4 * 1e-6
+    zb = quiet_compose(post, ParallelPlan(pp=4, microbatches=8, schedule="zero-bubble"),
+                       replicates=1, rng=np.random.default_rng(0))
+    # F : B : W = 1 : 1 : 1 (backward split in halves): (3m + p - 1) thirds of a slot
+    np.testing.assert_allclose(zb.step_time_s, (3 * 8 + 3) * slot / 3)
+    inter = quiet_compose(post, ParallelPlan(pp=4, microbatches=8, schedule="interleaved-1f1b",
+                                             virtual_stages=2),
+                          replicates=1, rng=np.random.default_rng(0))
+    np.testing.assert_allclose(inter.bubble_s, 3 * slot / 2)
+    np.testing.assert_allclose(inter.step_time_s, 8 * slot + 3 * slot / 2)
+
+
+@pytest.mark.parametrize(
+    ("dp", "sharding", "overlap", "comm_us"),
+    [
+        # inter-node ring AllReduce of 16: alpha 2(p-1) + b 2(p-1)/p / bw, two 1e8-byte buckets
+        (16, "none", 0.0, 2 * (10 * 2 * 15 + 1e8 * 2 * 15 / 16 / 25e3)),
+        (16, "none", 0.5, 0.5 * 2 * (10 * 2 * 15 + 1e8 * 2 * 15 / 16 / 25e3)),
+        # intra-node (8 GPUs on one node): 5 us, 100 GB/s
+        (8, "none", 0.0, 2 * (5 * 2 * 7 + 1e8 * 2 * 7 / 8 / 100e3)),
+        # ReduceScatter + AllGather cost what one ring AllReduce costs; FSDP adds an AllGather
+        (16, "zero1", 0.0, 2 * 2 * (10 * 15 + 1e8 * 15 / 16 / 25e3)),
+        (16, "fsdp", 0.0, 2 * 3 * (10 * 15 + 1e8 * 15 / 16 / 25e3)),
+    ],
+)
+def test_data_parallel_ring_collectives(dp, sharding, overlap, comm_us):
+    post = dp_posterior(draws=2)
+    plan = ParallelPlan(dp=dp, sharding=sharding, overlap=overlap)
+    steps = compose(post, plan, replicates=1, rng=np.random.default_rng(0))
+    np.testing.assert_allclose(steps.step_time_s, (1000.0 + comm_us) * 1e-6)
+    np.testing.assert_allclose(steps.exposed_comm_s, comm_us * 1e-6)
+    np.testing.assert_allclose(steps.compute_s, 1000.0 * 1e-6)
+
+
+def test_tensor_parallel_synthesised_from_activation_bytes():
+    post = gemm_only(draws=2)
+    plan = ParallelPlan(tp=2, microbatches=2, layers=4, activation_bytes=1e6)
+    steps = compose(post, plan, replicates=1, rng=np.random.default_rng(0))
+    # compute: 1000 us of one replica, halved by tp, per micro-batch; 2 micro-batches
+    # TP: 4 AllReduces per layer per micro-batch of 2 ranks: 5*2 + 1e6*(2*1/2)/1e5 = 20 us
+    np.testing.assert_allclose(steps.compute_s, 1000e-6)
+    np.testing.assert_allclose(steps.exposed_comm_s, 4 * 4 * 2 * 20e-6)
+    np.testing.assert_allclose(steps.step_time_s, 1000e-6 + 640e-6)
+
+
+def test_pipeline_transfers_from_traced_send_recv():
+    kernels = {
+        "gemm0": {"class": "gemm", "launches": 10, "log_median": LOG100},
+        "p2p": {"class": "sendrecv", "role": "pp", "launches": 8, "bytes": 1e6, "group": 2,
+                "log_median": 3.0},
+    }
+    post = kernel_posterior(kernels, traced_plan={"pp": 2, "microbatches": 4}, draws=2)
+    plan = ParallelPlan(pp=4, microbatches=8, schedule="gpipe")
+    steps = compose(post, plan, replicates=1, rng=np.random.default_rng(0))
+    slot = 10 * 100.0 * 2 / (4 * 4)  # traced stage had half the layers and 4 micro-batches
+    transfer = 5.0 + 1e6 / 100e3  # one intra-node send/recv
+    np.testing.assert_allclose(steps.step_time_s, ((8 + 3) * slot + 2 * 3 * transfer) * 1e-6)
+
+
+def test_optimizer_is_sharded_by_zero():
+    kernels = {
+        "gemm0": {"class": "gemm", "launches": 10, "log_median": LOG100},
+        "adam": {"class": "optimizer", "launches": 1, "log_median": float(np.log(160.0))},
+    }
+    post = kernel_posterior(kernels, draws=2)
+    with pytest.warns(PlanWarning, match="no data-parallel gradient collectives"):
+        plain = compose(post, ParallelPlan(dp=16), replicates=1, rng=np.random.default_rng(0))
+    with pytest.warns(PlanWarning):
+        zero = compose(post, ParallelPlan(dp=16, sharding="zero1"), replicates=1,
+                       rng=np.random.default_rng(0))
+    np.testing.assert_allclose(plain.step_time_s, (1000 + 160) * 1e-6)
+    np.testing.assert_allclose(zero.step_time_s, (1000 + 10) * 1e-6)
+
+
+def test_measured_nodes_use_their_own_effects():
+    post = gemm_only(draws=4, scales={"node": {"gemm": 0.1}},
+                     measured_nodes={"fast": 0.0, "slow": 5.0})
+    plan = ParallelPlan(dp=16)  # two nodes: both measured
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)
+        steps = compose(post, plan, replicates=2, rng=np.random.default_rng(0),
+                        cluster=Cluster(nodes=("fast", "slow")))
+        np.testing.assert_allclose(steps.step_time_s, 1000e-6 * np.exp(0.5))
+        np.testing.assert_allclose(steps.wait_s, 1000e-6 * (np.exp(0.5) - (1 + np.exp(0.5)) / 2))
+        with pytest.raises(InputError) as exc:
+            compose(post, plan, replicates=1, rng=np.random.default_rng(0),
+                    cluster=Cluster(nodes=("fast", "gone")))
+    assert exc.value.lines() == [
+        "cluster: nodes: not a measured node of the posterior (1 rows), e.g. 'gone'"
+    ]
+
+
+def test_same_seed_same_numbers_other_seed_other_numbers():
+    post = gemm_only(draws=20, scales=VARIABLE)
+    plan = ParallelPlan(dp=4, tp=8, pp=2, microbatches=4)
+    a = quiet_compose(post, plan, replicates=4, rng=np.random.default_rng(7))
+    b = quiet_compose(post, plan, replicates=4, rng=np.random.default_rng(7))
+    c = quiet_compose(post, plan, replicates=4, rng=np.random.default_rng(8))
+    np.testing.assert_array_equal(a.step_time_s, b.step_time_s)
+    assert not np.array_equal(a.step_time_s, c.step_time_s)
+    for name in ("compute_s", "exposed_comm_s", "bubble_s", "wait_s"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    total = a.compute_s + a.exposed_comm_s + a.bubble_s + a.wait_s
+    np.testing.assert_allclose(total, a.step_time_s)
+
+
+def test_ideal_step_is_the_variability_free_step():
+    post = gemm_only(draws=50, scales=VARIABLE)
+    plan = ParallelPlan(dp=2, tp=8, pp=2, microbatches=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)
+        ideal = ideal_step_time(post, plan)
+        steps = compose(post, plan, replicates=4, rng=np.random.default_rng(0))
+    slot = 1000e-6 / (8 * 2)
+    assert ideal == pytest.approx((4 + 1) * slot)
+    assert steps.ideal_step_time_s == pytest.approx(ideal)
+    assert np.mean(steps.step_time_s > ideal) > 0.95  # residual mean > median, max over ranks
+
+
+@pytest.mark.parametrize(
+    ("family", "params", "dist"),
+    [("normal", {}, stats.norm), ("student_t", {"node_nu": 3.0}, stats.t(3.0))],
+)
+def test_fast_path_maximum_has_the_distribution_of_the_max_of_n_draws(family, params, dist):
+    n_nodes, scale = 1000, 0.1
+    post = gemm_only(draws=200, scales={"node": {"gemm": scale}}, node_population=family,
+                     population_params=params)
+    model = build_plan_model(post, ParallelPlan(dp=n_nodes * 8))
+    top = top_node_log_multipliers(rank_law(model), post, n_nodes, 10, 2, np.random.default_rng(0))
+    first = top[..., 0].ravel()
+    assert stats.kstest(first, lambda x: dist.cdf(x / scale) ** n_nodes).pvalue > 0.01
+    # second largest: P(X_(2) <= x) = F^N + N F^(N-1) (1 - F)
+    def second_cdf(x):
+        f = dist.cdf(x / scale)
+        return f**n_nodes + n_nodes * f ** (n_nodes - 1) * (1 - f)
+    assert stats.kstest(top[..., 1].ravel(), second_cdf).pvalue > 0.01
+    assert np.all(top[..., 0] >= top[..., 1])
+
+
+def test_fast_path_max_over_gpus_of_a_node():
+    n_nodes, scale = 500, 0.05
+    post = gemm_only(draws=200, scales={"gpu": {"gemm": scale}})
+    model = build_plan_model(post, ParallelPlan(dp=n_nodes * 8))
+    top = top_node_log_multipliers(rank_law(model), post, n_nodes, 10, 1, np.random.default_rng(1))
+    cdf = lambda x: stats.norm.cdf(x / scale) ** (8 * n_nodes)  # noqa: E731
+    assert stats.kstest(top.ravel(), cdf).pvalue > 0.01
+
+
+@pytest.mark.parametrize("plan", [
+    ParallelPlan(dp=64, tp=8, pp=4, microbatches=8),
+    ParallelPlan(dp=16, tp=8, pp=16, microbatches=32),
+], ids=lambda p: p.name)
+def test_fast_path_quantiles_within_one_percent_of_exact(plan):
+    post = gemm_only(draws=300, scales=VARIABLE)
+    exact = quiet_compose(post, plan, replicates=8, rng=np.random.default_rng(3), exact=True)
+    fast = quiet_compose(post, plan, replicates=8, rng=np.random.default_rng(3), exact=False)
+    levels = [0.05, 0.25, 0.5, 0.75, 0.95]
+    q_exact = np.quantile(exact.step_time_s, levels)
+    q_fast = np.quantile(fast.step_time_s, levels)
+    np.testing.assert_allclose(q_fast, q_exact, rtol=0.01)
+    assert fast.ideal_step_time_s == exact.ideal_step_time_s
+
+
+@pytest.mark.parametrize("with_dp_comm", [False, True])
+def test_p95_does_not_decrease_with_dp_at_fixed_work_per_gpu(with_dp_comm):
+    if with_dp_comm:
+        post = dp_posterior(draws=100, scales=VARIABLE, coll_noise=0.1, coll_congestion=0.05)
+    else:
+        post = gemm_only(draws=100, scales=VARIABLE)
+    p95 = []
+    for dp in (1, 2, 8, 32, 128, 512, 2048, 4096, 32768):  # exact up to 2048, then fast
+        steps = quiet_compose(post, ParallelPlan(dp=dp), replicates=4,
+                              rng=np.random.default_rng(0))
+        p95.append(np.quantile(steps.step_time_s, 0.95))
+    assert all(b > a for a, b in itertools.pairwise(p95)), p95
+
+
+def test_cluster_tier_override_replaces_the_fitted_link():
+    post = dp_posterior(draws=2)
+    cluster = Cluster(tiers={"inter": {"latency_us": 1.0, "bandwidth_gbps": 50.0}})
+    steps = compose(post, ParallelPlan(dp=16), replicates=1, rng=np.random.default_rng(0),
+                    cluster=cluster)
+    comm_us = 2 * (1.0 * 2 * 15 + 1e8 * 2 * 15 / 16 / 50e3)
+    np.testing.assert_allclose(steps.exposed_comm_s, comm_us * 1e-6)
+    # four GPUs per node: the same 16 ranks now span four nodes, still one inter-node ring
+    with pytest.warns(PlanWarning, match="cluster gpus_per_node = 4 overrides the plan's 8"):
+        small_nodes = compose(post, ParallelPlan(dp=16), replicates=1,
+                              rng=np.random.default_rng(0),
+                              cluster=Cluster(gpus_per_node=4, tiers=cluster.tiers))
+    np.testing.assert_allclose(small_nodes.exposed_comm_s, comm_us * 1e-6)
+    with pytest.warns(PlanWarning, match="overrides"):
+        intra = compose(post, ParallelPlan(dp=16), replicates=1, rng=np.random.default_rng(0),
+                        cluster=Cluster(gpus_per_node=16, tiers=cluster.tiers))
+    np.testing.assert_allclose(intra.exposed_comm_s, 2 * (5 * 30 + 1e8 * 30 / 16 / 100e3) * 1e-6)

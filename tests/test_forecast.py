@@ -1,0 +1,224 @@
+"""forecast(), summarize_forecast() and the ``bayesprism forecast`` command."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import warnings
+
+import numpy as np
+import pytest
+from _kernel_posteriors import gemm_only
+
+from bayesprism.cli import forecast as cli_forecast
+from bayesprism.errors import InputError
+from bayesprism.forecast import SIMULATED_STEPS_MAX, forecast, summarize_forecast
+from bayesprism.plan import ParallelPlan, PlanWarning
+
+VARIABLE = {"node": {"gemm": 0.08}, "gpu": {"gemm": 0.04}, "gpustep": {"gemm": 0.02},
+            "resid": {"gemm": 0.3}, "step": {"gemm": 0.02}}
+STEP_KEYS = {"mean", "p05", "p25", "p50", "p75", "p95", "p99", "ci90"}
+
+
+@pytest.fixture(autouse=True)
+def _no_plan_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)
+        yield
+
+
+def test_forecast_layout_follows_the_contract():
+    post = gemm_only(draws=20, scales=VARIABLE)
+    plans = [ParallelPlan(name="a", dp=2, pp=2, microbatches=4),
+             ParallelPlan(name="b", dp=4, tp=8, microbatches=2, steps=10)]
+    fc = forecast(post, plans, draws=10, replicates=3, progress=False, steps=50,
+                  deadlines_s=[1.0])
+    ds = fc.to_dataset()
+    assert dict(ds.sizes) == {"plan": 2, "draw": 10, "replicate": 3, "threshold": 3,
+                              "deadline": 1}
+    for name in ("step_time_s", "compute_s", "exposed_comm_s", "bubble_s", "wait_s",
+                 "training_time_s"):
+        assert ds[name].dims == ("plan", "draw", "replicate")
+    assert ds["ideal_step_time_s"].dims == ("plan",)
+    assert ds["slowdown_probability"].dims == ("plan", "threshold")
+    assert ds["finish_probability"].dims == ("plan", "deadline")
+    assert list(ds["plan"].values) == ["a", "b"]
+    assert list(ds["gpus"].values) == [4, 32]
+    assert list(ds["schedule"].values) == ["1f1b", "1f1b"]
+    assert list(ds["path"].values) == ["exact", "exact"]
+    assert fc.attrs["random_seed"] == 0 and fc.attrs["posterior_input_digest"] == "hand-built"
+    parts = sum(ds[n] for n in ("compute_s", "exposed_comm_s", "bubble_s", "wait_s"))
+    np.testing.assert_allclose(parts, ds["step_time_s"])
+
+
+def test_deterministic_training_time_slowdown_and_finish_probabilities():
+    post = gemm_only(draws=4)
+    plan = ParallelPlan(pp=4, microbatches=8)
+    step = 11 * 250e-6  # (m + p - 1) slots of 250 us
+    for steps in (10, 10_000):  # simulated sum and normal sum
+        fc = forecast(post, plan, steps=steps, draws=4, replicates=2, progress=False,
+                      deadlines_s=[steps * step * 0.999, steps * step * 1.001])
+        ds = fc.to_dataset()
+        np.testing.assert_allclose(ds["training_time_s"], steps * step)
+        np.testing.assert_allclose(ds["finish_probability"].values, [[0.0, 1.0]])
+        np.testing.assert_allclose(ds["slowdown_probability"], 0.0)
+    baseline = forecast(post, plan, baseline_s=2.6e-3, draws=4, replicates=2, progress=False)
+    # step / baseline = 1.0577: above 5%, below 10% and 20%
+    np.testing.assert_allclose(baseline["slowdown_probability"].values, [[1.0, 0.0, 0.0]])
+    assert baseline.attrs["baseline"] == "user"
+
+
+def test_slowdown_probability_is_the_fraction_of_draws_above():
+    post = gemm_only(draws=30, scales=VARIABLE)
+    fc = forecast(post, ParallelPlan(dp=8, tp=8), draws=30, replicates=4, progress=False,
+                  thresholds=(1.4, 1.6))
+    ds = fc.to_dataset().isel(plan=0)
+    ideal = float(ds["ideal_step_time_s"])
+    for x, p in zip((1.4, 1.6), ds["slowdown_probability"].values, strict=True):
+        assert p == pytest.approx(float((ds["step_time_s"] > x * ideal).mean()))
+    low, high = ds["slowdown_probability"].values
+    assert 0.0 < high < low < 1.0
+
+
+def test_same_seed_same_numbers():
+    post = gemm_only(draws=20, scales=VARIABLE)
+    plans = [ParallelPlan(dp=4, tp=8, pp=2, microbatches=4)]
+    a = forecast(post, plans, draws=20, replicates=4, random_seed=11, progress=False, steps=500)
+    b = forecast(post, plans, draws=20, replicates=4, random_seed=11, progress=False, steps=500)
+    c = forecast(post, plans, draws=20, replicates=4, random_seed=12, progress=False, steps=500)
+    for name in ("step_time_s", "wait_s", "training_time_s"):
+        np.testing.assert_array_equal(a[name].values, b[name].values)
+        assert not np.array_equal(a[name].values, c[name].values)
+    assert summarize_forecast(a) == summarize_forecast(b)
+
+
+def test_normal_sum_matches_the_simulated_sum_of_steps():
+    post = gemm_only(draws=200, scales=VARIABLE)
+    plan = ParallelPlan(dp=2, tp=8)
+    short = forecast(post, plan, steps=SIMULATED_STEPS_MAX, draws=200, replicates=16,
+                     progress=False)["training_time_s"].values / SIMULATED_STEPS_MAX
+    long = forecast(post, plan, steps=SIMULATED_STEPS_MAX + 1, draws=200, replicates=16,
+                    progress=False)["training_time_s"].values / (SIMULATED_STEPS_MAX + 1)
+    assert long.mean() == pytest.approx(short.mean(), rel=2e-3)
+    assert long.std() == pytest.approx(short.std(), rel=0.15)
+
+
+def test_summary_has_the_documented_keys():
+    post = gemm_only(draws=20, scales=VARIABLE)
+    fc = forecast(post, ParallelPlan(name="p", dp=4, tp=8, microbatches=2), draws=20,
+                  replicates=4, progress=False, steps=100, deadlines_s=[0.5])
+    summary = summarize_forecast(fc, include_draws=True)
+    (plan,) = summary["plans"]
+    assert set(plan) == {"name", "gpus", "dp", "tp", "pp", "cp", "ep", "microbatches",
+                         "schedule", "step_time_s", "ideal_step_time_s",
+                         "slowdown_probability", "breakdown_s", "training_time_s", "steps",
+                         "finish_probability", "draws_s"}
+    assert set(plan["step_time_s"]) == STEP_KEYS == set(plan["training_time_s"])
+    assert set(plan["slowdown_probability"]) == {"1.05", "1.10", "1.20"}
+    assert set(plan["breakdown_s"]) == {"compute", "exposed_comm", "bubble", "wait"}
+    assert len(plan["draws_s"]) == 80
+    step = plan["step_time_s"]
+    assert step["p05"] <= step["p50"] <= step["p95"] <= step["p99"]
+    lo, hi = step["ci90"]  # interval of the mean: inside the predictive spread
+    assert step["p05"] <= lo <= step["mean"] <= hi <= step["p95"]
+    assert json.loads(json.dumps(summary)) == summary
+    assert sum(plan["breakdown_s"].values()) == pytest.approx(step["mean"])
+
+
+def test_bad_arguments():
+    post = gemm_only(draws=2)
+    with pytest.raises(InputError, match="finish probabilities need steps"):
+        forecast(post, ParallelPlan(), deadlines_s=[1.0], progress=False)
+    with pytest.raises(InputError, match="must be ParallelPlan objects"):
+        forecast(post, [{"dp": 2}], progress=False)
+    with pytest.raises(InputError, match="needs one value per plan"):
+        forecast(post, [ParallelPlan(), ParallelPlan(dp=2)], baseline_s=[1.0], progress=False)
+
+
+# ---------------------------------------------------------------------------- CLI
+def cli_args(**overrides) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli_forecast.register(parser.add_subparsers())
+    argv = ["forecast", "post.nc"]
+    args = parser.parse_args(argv)
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return args
+
+
+def test_cli_builds_plans_from_flags_files_and_the_traced_plan(tmp_path):
+    path = tmp_path / "plans.toml"
+    path.write_text('[[plan]]\nname = "x"\ndp = 2\n[[plan]]\ndp = 4\npp = 2\nmicrobatches = 4\n')
+    plans, cluster = cli_forecast.build_plans(cli_args(plan=[path], gpus_per_node=4))
+    assert [p.name for p in plans] == ["x", "dp4-tp1-pp2-m4-1f1b"]
+    assert {p.gpus_per_node for p in plans} == {4} and cluster is None
+    plans, _ = cli_forecast.build_plans(cli_args(dp=8, tp=2, schedule="gpipe"))
+    assert (plans[0].dp, plans[0].tp, plans[0].schedule) == (8, 2, "gpipe")
+    post = gemm_only(draws=2, traced_plan={"dp": 8, "microbatches": 2})
+    plans, _ = cli_forecast.build_plans(cli_args(), post)
+    assert (plans[0].name, plans[0].dp, plans[0].microbatches) == ("traced", 8, 2)
+
+
+def test_cli_table_lists_every_plan():
+    post = gemm_only(draws=10, scales=VARIABLE)
+    fc = forecast(post, [ParallelPlan(name="small", dp=2), ParallelPlan(name="big", dp=512)],
+                  draws=10, replicates=2, progress=False)
+    table = cli_forecast.format_table(summarize_forecast(fc))
+    lines = table.splitlines()
+    assert lines[0].split() == ["plan", "GPUs", "median", "s", "90%", "interval", "s",
+                                "P(>5%)", "P(>10%)"]
+    assert lines[1].split()[:2] == ["small", "2"] and lines[2].split()[:2] == ["big", "512"]
+
+
+def test_cli_end_to_end_json_and_netcdf(tmp_path, capsys):
+    io = pytest.importorskip("bayesprism.io", reason="bayesprism.io (save/load) not written yet")
+    from bayesprism.cli.main import main
+
+    post_path = tmp_path / "post.nc"
+    io.save(gemm_only(draws=20, scales=VARIABLE), post_path)
+    plan_path = tmp_path / "plans.toml"
+    plan_path.write_text('[[plan]]\nname = "a"\ndp = 2\n[[plan]]\nname = "b"\ndp = 16\n')
+    out_json, out_nc = tmp_path / "fc.json", tmp_path / "fc.nc"
+    code = main(["forecast", str(post_path), "--plan", str(plan_path), "--steps", "100",
+                 "--draws", "10", "--json", str(out_json), "-o", str(out_nc),
+                 "--include-draws", "--quiet"])
+    assert code == 0
+    summary = json.loads(out_json.read_text())
+    assert [p["name"] for p in summary["plans"]] == ["a", "b"]
+    assert {"step_time_s", "training_time_s", "draws_s", "slowdown_probability"} <= set(
+        summary["plans"][0])
+    import xarray as xr
+
+    saved = xr.open_datatree(out_nc)
+    assert list(saved["plan"].values) == ["a", "b"]
+    assert "median" in capsys.readouterr().out
+    code = main(["forecast", str(post_path), "--dp", "0", "--quiet"])
+    assert code == 2
+    assert "command line: dp: must be a positive integer, e.g. 0" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- real traces
+@pytest.mark.slow
+def test_traced_plan_forecast_reproduces_the_traced_dlrm_steps(shared_data):
+    """Posterior predictive check: forecasting the traced plan reproduces the traced steps."""
+    inference = pytest.importorskip("bayesprism.inference")
+    ingest = pytest.importorskip("bayesprism.ingest")
+    if not hasattr(inference, "fit") or not hasattr(ingest, "read_traces"):
+        pytest.skip("fit/read_traces not available yet")
+    from bayesprism.spec import ModelSpec
+
+    files = sorted((shared_data / "kineto" / "param_dlrm_8rank").glob("*.json.gz"))
+    table = ingest.read_traces(files)
+    wanted = {"draws": 300, "tune": 300, "chains": 2, "random_seed": 1}
+    accepted = inspect.signature(inference.fit).parameters
+    posterior = inference.fit(table, ModelSpec.default(),
+                              **{k: v for k, v in wanted.items() if k in accepted})
+    traced = cli_forecast._traced_plan_values(posterior)
+    fc = forecast(posterior, ParallelPlan.from_dict(traced), draws=300, replicates=8,
+                  progress=False)
+    predicted = fc["step_time_s"].values.ravel()
+    # the job's step is its slowest rank's span
+    observed = posterior["inventory"]["traced_step_time_us"].max("rank").values.ravel() / 1e6
+    lo, hi = np.quantile(predicted, [0.01, 0.99])
+    assert np.all((observed >= lo) & (observed <= hi)), (observed, lo, hi)

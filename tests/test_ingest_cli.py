@@ -1,0 +1,201 @@
+"""``bayesprism ingest``: output, summary, and one clear line per problem on bad input."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bayesprism import schema
+from bayesprism.cli.main import main
+
+GOLDEN = Path(__file__).parent / "data" / "kineto_golden"
+RANK0, RANK1 = sorted(GOLDEN.glob("*.pt.trace.json"))
+
+
+def trace(rank: int = 0) -> dict:
+    return json.loads((RANK0 if rank == 0 else RANK1).read_text())
+
+
+def write(path: Path, data) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["ingest", *map(str, argv), "--quiet"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_ingest_writes_parquet_and_json_summary(tmp_path, capsys):
+    out = tmp_path / "t.parquet"
+    code, stdout, err = run_cli(capsys, RANK0, RANK1, "-o", out, "--json")
+    assert code == 0, err
+    summary = json.loads(stdout)
+    assert summary["rows"] == 9 and summary["runs"] == 1 and summary["ranks"] == 2
+    assert summary["nodes"] == 2 and summary["steps"] == 1
+    assert summary["kernel_classes"]["gemm"] == {"count": 4, "total_us": 215.0}
+    assert summary["kernel_classes"]["allreduce"] == {"count": 4, "total_us": 210.0}
+    assert summary["kernel_classes"]["memcpy"] == {"count": 1, "total_us": 10.0}
+    assert summary["skipped"] == {"kernel with zero or negative duration": 1,
+                                  "kernel outside any ProfilerStep": 1}
+    assert summary["collective_rows_with_wait_split"] == 4
+    table = schema.read_table(out)
+    assert len(table) == 9 and table.attrs["runs"]["kineto_golden"]["world_size"] == 2
+
+
+def test_ingest_text_summary(tmp_path, capsys):
+    code, stdout, _ = run_cli(capsys, GOLDEN, "-o", tmp_path / "t.parquet")
+    assert code == 0
+    assert "rows: 9   runs: 1   ranks: 2   nodes: 2   steps: 1" in stdout
+    assert "gemm" in stdout and "kernel outside any ProfilerStep" in stdout
+    # The README next to the traces is not a trace: skipped and said so, not an error.
+    assert "file of unrecognised format (found in a directory)" in stdout
+    assert "note: files not recognised as traces and skipped:" in stdout
+
+
+def test_bad_durations_are_skipped_and_reported(tmp_path, capsys):
+    data = trace()
+    kernels = [e for e in data["traceEvents"] if e.get("cat") == "kernel"]
+    kernels[0]["dur"] = -5
+    del kernels[1]["dur"]  # a missing field
+    text = json.dumps(data).replace('"dur": 100,', '"dur": NaN,')  # NaN literal (allreduce #0)
+    path = write(tmp_path / "r" / "hostA_1.1.pt.trace.json", text)
+    code, stdout, err = run_cli(capsys, path, "-o", tmp_path / "t.parquet", "--json")
+    assert code == 0, err
+    skipped = json.loads(stdout)["skipped"]
+    assert skipped == {"kernel with zero or negative duration": 2,  # -5 and the golden 0
+                       "kernel with missing (NaN) duration": 2,  # missing and NaN
+                       "kernel outside any ProfilerStep": 1}
+
+
+def problem_cases(tmp_path: Path) -> dict[str, tuple[list[Path], list[str]]]:
+    """name -> (paths to ingest, expected stderr lines)."""
+    cases = {}
+    good = trace()
+    raw = json.dumps(good).encode()
+
+    truncated = tmp_path / "trunc" / "r0.json.gz"
+    truncated.parent.mkdir()
+    truncated.write_bytes(gzip.compress(raw)[: len(gzip.compress(raw)) // 2])
+    cases["truncated gzip"] = ([truncated], [
+        f"error: {truncated}: truncated gzip: the compressed data ends before the end-of-stream "
+        "marker (incomplete copy?)"])
+
+    invalid = write(tmp_path / "invalid" / "r0.json", json.dumps(good)[:-40])
+    cases["invalid json"] = ([invalid], [f"error: {invalid}: invalid JSON: "])
+
+    no_kernels = copy.deepcopy(good)
+    no_kernels["traceEvents"] = [e for e in no_kernels["traceEvents"]
+                                 if e.get("cat") not in ("kernel", "gpu_memcpy")]
+    nk = write(tmp_path / "nokernels" / "r0.json", no_kernels)
+    cases["no kernels"] = ([nk], [
+        f"error: {nk}: traceEvents: no GPU kernel events (cat 'kernel', ph 'X'): nothing to read"])
+
+    no_info = copy.deepcopy(good)
+    del no_info["distributedInfo"]
+    ni = write(tmp_path / "noinfo" / "r0.json", no_info)
+    cases["missing distributedInfo"] = ([ni], [
+        f"error: {ni}: distributedInfo: missing: the trace does not say its rank (record it with "
+        "a distributed backend, or pass rank= to read_kineto)"])
+
+    no_steps = copy.deepcopy(good)
+    no_steps["traceEvents"] = [e for e in no_steps["traceEvents"]
+                               if not str(e.get("name", "")).startswith("ProfilerStep")]
+    ns = write(tmp_path / "nosteps" / "r0.json", no_steps)
+    cases["no ProfilerStep"] = ([ns], [
+        f"error: {ns}: traceEvents: no ProfilerStep#N annotation: kernels cannot be assigned to "
+        "steps (profile with torch.profiler.schedule / prof.step())"])
+
+    no_name = copy.deepcopy(good)
+    next(e for e in no_name["traceEvents"] if e.get("cat") == "kernel").pop("name")
+    nn = write(tmp_path / "noname" / "r0.json", no_name)
+    cases["kernel without name"] = ([nn], [
+        f"error: {nn}: traceEvents.name: GPU events without a kernel name (1 rows)"])
+
+    a = write(tmp_path / "twice" / "a.json", good)
+    b = write(tmp_path / "twice" / "b.json", good)
+    cases["same rank twice"] = ([a, b], [
+        f"error: {b}: distributedInfo.rank: rank 0 of run 'twice' is also in {a}: the same rank "
+        "twice"])
+
+    other = trace(1)
+    other["distributedInfo"]["world_size"] = 4
+    m0 = write(tmp_path / "mixed" / "a.json", good)
+    m1 = write(tmp_path / "mixed" / "b.json", other)
+    cases["different world size"] = ([m0, m1], [
+        f"error: {m1}: distributedInfo.world_size: is 4, but {m0} of the same run 'mixed' has 2: "
+        "files of different runs are mixed"])
+
+    later = trace(1)
+    for ev in later["traceEvents"]:
+        ev["ts"] = ev["ts"] + 5 * 3600e6
+    j0 = write(tmp_path / "jobs" / "a.json", good)
+    j1 = write(tmp_path / "jobs" / "b.json", later)
+    cases["different jobs"] = ([j0, j1], [
+        f"error: {j1}: traceEvents.ts: starts 5.0 h away from {j0} of the same run 'jobs': "
+        "files of different jobs are mixed (one directory per run)"])
+
+    empty = tmp_path / "emptydir"
+    empty.mkdir()
+    cases["empty directory"] = ([empty], [f"error: {empty}: directory contains no files"])
+
+    missing = tmp_path / "nope.json"
+    cases["missing file"] = ([missing], [f"error: {missing}: no such file or directory"])
+    pattern = tmp_path / "none*.json"
+    cases["glob without match"] = ([pattern], [f"error: {pattern}: no file matches this pattern"])
+
+    text = write(tmp_path / "notes" / "notes.txt", "just some text\n")
+    cases["unrecognised explicit file"] = ([text], [
+        f"error: {text}: not a recognised trace format (PyTorch profiler/Kineto JSON, MLPerf "
+        "log, nccl-tests output, benchmark or tidy CSV/Parquet table)"])
+    return cases
+
+
+CASES = ["truncated gzip", "invalid json", "no kernels", "missing distributedInfo",
+         "no ProfilerStep", "kernel without name", "same rank twice", "different world size",
+         "different jobs", "empty directory", "missing file", "glob without match",
+         "unrecognised explicit file"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_gives_one_line_per_problem_and_exit_2(tmp_path, capsys, case):
+    paths, expected = problem_cases(tmp_path)[case]
+    out = tmp_path / "out.parquet"
+    code, _stdout, err = run_cli(capsys, *paths, "-o", out)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == len(expected), err
+    for line, want in zip(lines, expected, strict=True):
+        assert line.startswith(want), (line, want)
+    assert "Traceback" not in err
+    assert not out.exists() and not list(tmp_path.glob("out.parquet*"))
+
+
+def test_problems_in_several_files_are_reported_together(tmp_path, capsys):
+    cases = problem_cases(tmp_path)
+    paths = (cases["truncated gzip"][0] + cases["invalid json"][0]
+             + cases["missing distributedInfo"][0] + [RANK1])
+    code, _, err = run_cli(capsys, *paths, "-o", tmp_path / "t.parquet")
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 3
+    assert "truncated gzip" in lines[0] and "invalid JSON" in lines[1]
+    assert "distributedInfo: missing" in lines[2]
+
+
+def test_cli_process_exit_code_and_no_traceback(tmp_path):
+    bad = write(tmp_path / "x" / "r0.json", '{"traceEvents": [')
+    proc = subprocess.run([sys.executable, "-m", "bayesprism.cli.main", "ingest", str(bad), "-o",
+                           str(tmp_path / "t.parquet")], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"error: {bad}: invalid JSON: ")
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

@@ -1,0 +1,128 @@
+"""Kernel and step inventories on hand-built tables with hand-computed values."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bayesprism.inventory import collective_role, kernel_inventory, run_layout, step_inventory
+from bayesprism.schema import empty_attrs, validate_table
+
+
+def _kernel_table(plan: dict | None = None) -> pd.DataFrame:
+    # (rank, node, gpu, step, kernel, class, start, duration, bytes, group size)
+    rows = [
+        (0, "a", 0, 0, "g", "gemm", 0, 10, None, None),
+        (0, "a", 0, 0, "g", "gemm", 12, 10, None, None),
+        (0, "a", 0, 0, "ar", "allreduce", 25, 5, 100, 3),
+        (0, "a", 0, 1, "g", "gemm", 100, 10, None, None),
+        (0, "a", 0, 1, "ar", "allreduce", 115, 5, 300, 3),
+        (1, "a", 1, 0, "g", "gemm", 0, 20, None, None),
+        (1, "a", 1, 0, "ar", "allreduce", 30, 4, 100, 3),
+        (1, "a", 1, 1, "g", "gemm", 100, 20, None, None),
+        (1, "a", 1, 1, "ar", "allreduce", 125, 4, 300, 3),
+        (2, "b", 0, 0, "g", "gemm", 0, 8, None, None),
+        (2, "b", 0, 0, "ar", "allreduce", 9, 6, 100, 3),
+    ]
+    df = pd.DataFrame(rows, columns=["rank", "node", "gpu", "step", "kernel", "kernel_class",
+                                     "start_us", "duration_us", "bytes", "group_size"])
+    df["run"] = "r"
+    df.attrs = empty_attrs()
+    meta = {"platform": "V100", "world_size": 3}
+    if plan is not None:
+        meta["plan"] = plan
+    df.attrs["runs"] = {"r": meta}
+    return validate_table(df)
+
+
+def test_kernel_inventory_exact_values():
+    inv = kernel_inventory(_kernel_table({"dp": 3, "tp": 1, "pp": 1}))
+    assert list(inv["kernel"].values) == ["ar", "g"]
+    assert list(inv["kernel_class"].values) == ["allreduce", "gemm"]
+    np.testing.assert_allclose(inv["launches"].sel(kernel="g").values, [1.5, 1.0, 1.0])
+    np.testing.assert_allclose(inv["launches"].sel(kernel="ar").values, [1.0, 1.0, 1.0])
+    np.testing.assert_allclose(inv["launches_per_step"].values, [1.0, 3.5 / 3])
+    assert inv["bytes_per_launch"].sel(kernel="ar") == pytest.approx(180.0)
+    assert np.isnan(inv["bytes_per_launch"].sel(kernel="g"))
+    assert inv["group_size"].sel(kernel="ar") == 3
+    assert list(inv["role"].values) == ["dp", "compute"]
+    assert list(inv["rank_node"].values) == ["a", "a", "b"]
+    assert list(inv["rank_gpu"].values) == [0, 1, 0]
+    assert list(inv["step_unit"].values) == ["r/0", "r/1"]
+    np.testing.assert_allclose(inv["traced_step_time_us"].values,
+                               [[30, 34, 15], [20, 29, np.nan]])
+    plan = json.loads(inv.attrs["traced_plan"])
+    assert plan == {"dp": 3, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "microbatches": None,
+                    "gpus_per_node": 2, "world_size": 3}
+    assert inv.attrs["run"] == "r" and inv.attrs["platform"] == "V100"
+
+
+def test_kernel_inventory_without_plan_defaults_dp_to_world_size():
+    inv = kernel_inventory(_kernel_table(plan=None))
+    assert json.loads(inv.attrs["traced_plan"])["dp"] == 3
+    assert inv["role"].sel(kernel="ar") == "dp"  # world-size group, no plan
+    assert inv.attrs["plan_known"] == 0
+
+
+@pytest.mark.parametrize(
+    ("kernel_class", "group", "plan", "role"),
+    [
+        ("allreduce", 4, {"dp": 2, "tp": 4, "pp": 2, "known": True}, "tp"),
+        ("allreduce", 2, {"dp": 2, "tp": 4, "pp": 2, "known": True}, "dp"),
+        ("sendrecv", 2, {"dp": 2, "tp": 4, "pp": 2, "known": True}, "pp"),
+        ("alltoall", 4, {"dp": 4, "ep": 4, "known": True}, "ep"),
+        ("allgather", 3, {"dp": 2, "tp": 4, "known": True}, "unknown"),
+        ("allreduce", 8, {"world_size": 8, "known": False}, "dp"),
+        ("allreduce", 4, {"world_size": 8, "known": False}, "unknown"),
+        ("allreduce", np.nan, {"dp": 8, "known": True}, "unknown"),
+        ("gemm", np.nan, {"dp": 8, "known": True}, "compute"),
+    ],
+)
+def test_collective_role(kernel_class, group, plan, role):
+    assert collective_role(kernel_class, group, plan) == role
+
+
+def _step_table() -> pd.DataFrame:
+    times = {"big/0": [2.0, 1.0, 1.2, 1.1], "small/0": [0.6, 0.5, 0.4]}
+    rows = [(run, s, t * 1e6) for run, ts in times.items() for s, t in enumerate(ts)]
+    df = pd.DataFrame(rows, columns=["run", "step", "duration_us"])
+    df = df.assign(rank=-1, node="*", gpu=-1, kernel="train_step", kernel_class="step")
+    df.attrs = empty_attrs()
+    df.attrs["runs"] = {
+        "big/0": {"platform": "H100", "world_size": 64, "gpus_per_node": 8, "global_batch": 64,
+                  "plan": {"tp": 4, "pp": 2, "microbatches": 4}},
+        "small/0": {"platform": "H100", "world_size": 16, "gpus_per_node": 8,
+                    "plan": {"dp": 2, "tp": 4, "pp": 2, "microbatches": 8,
+                             "virtual_stages": 2}},
+    }
+    return validate_table(df)
+
+
+def test_step_inventory_records_runs_and_logged_times():
+    inv = kernel_inventory(_step_table())  # dispatches on all-step rows
+    assert inv.attrs["kind"] == "step"
+    assert list(inv["run"].values) == ["big/0", "small/0"]
+    assert list(inv["dp"].values) == [8, 2]  # 64 / (4*2) derived
+    assert list(inv["microbatches"].values) == [4, 8]
+    assert list(inv["virtual_stages"].values) == [1, 2]
+    np.testing.assert_allclose(inv["micro_batch_size"].values, [2.0, np.nan])  # 64/(8*4)
+    assert list(inv["steps_logged"].values) == [4, 3]
+    np.testing.assert_allclose(inv["step_time_s"].values,
+                               [[2.0, 1.0, 1.2, 1.1], [0.6, 0.5, 0.4, np.nan]])
+    np.testing.assert_allclose(inv["step_time_median_s"].values, [1.15, 0.5])
+    assert inv.attrs["platform"] == "H100"
+    assert step_inventory(_step_table()).identical(inv)
+
+
+def test_run_layout_reports_inconsistent_plan():
+    layout, problems = run_layout("x", {"world_size": 10, "plan": {"dp": 4, "tp": 2,
+                                                                   "microbatches": 1}})
+    assert len(problems) == 1
+    assert "dp*tp*pp*cp = 8 differs from world_size 10" in str(problems[0])
+    _, problems = run_layout("x", {"world_size": 8, "plan": {}})
+    assert [str(p) for p in problems] == [
+        "table: attrs.runs['x'].plan.microbatches: is missing (gradient-accumulation steps "
+        "per DP rank)"]

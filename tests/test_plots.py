@@ -1,0 +1,111 @@
+"""Every figure renders to a non-empty PNG carrying its title; big unit sets stay readable."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from artifact_builders import make_forecast, make_posterior
+from PIL import Image
+
+from bayesprism import plots
+from bayesprism.diagnostics import diagnose, worst_draws
+from bayesprism.report import forecast_summary
+
+
+@pytest.fixture(scope="module")
+def fit_and_report():
+    fit = make_posterior(seed=1)
+    return fit, diagnose(fit)
+
+
+@pytest.fixture(scope="module")
+def summary():
+    return forecast_summary(make_forecast(seed=1))
+
+
+def _check_png(path, title: str) -> None:
+    assert path.exists() and path.stat().st_size > 5000
+    assert plots.png_title(path) == title
+    with Image.open(path) as image:
+        assert image.format == "PNG"
+        assert image.size[0] > 300 and image.size[1] > 150
+
+
+def test_trace_and_rank_plots(fit_and_report, tmp_path):
+    fit, report = fit_and_report
+    draws = worst_draws(fit, report, k=3)
+    _check_png(
+        plots.plot_trace(draws, tmp_path / "trace.png"),
+        "Trace and marginal density of the worst-mixing parameters",
+    )
+    _check_png(
+        plots.plot_rank(draws, tmp_path / "rank.png"), "Rank plots of the worst-mixing parameters"
+    )
+
+
+def test_variance_components_forest(fit_and_report, tmp_path):
+    _, report = fit_and_report
+    path = plots.plot_variance_components(report.variance_components, tmp_path / "sub" / "v.png")
+    _check_png(path, "Variance components by kernel class and level")
+
+
+def test_ppc_plot(fit_and_report, tmp_path):
+    _, report = fit_and_report
+    _check_png(
+        plots.plot_ppc(report.ppc_values, report.ppc, tmp_path / "ppc.png"),
+        "Posterior predictive check: cell mean duration per kernel class",
+    )
+
+
+def test_unit_effect_caterpillars(fit_and_report, tmp_path):
+    _, report = fit_and_report
+    _check_png(
+        plots.plot_unit_effects(report.unit_effects["node"], tmp_path / "n.png"),
+        "Node effects (90% and 50% intervals; slowest first)",
+    )
+    _check_png(
+        plots.plot_unit_effects(report.unit_effects["gpu"], tmp_path / "g.png", level="gpu"),
+        "GPU effects (90% and 50% intervals; slowest first)",
+    )
+
+
+def test_caterpillar_with_many_units_shows_only_the_extremes(tmp_path):
+    rng = np.random.default_rng(0)
+    median = np.sort(rng.normal(size=2000))[::-1]
+    table = pd.DataFrame(
+        {
+            "unit": [f"node{i:04d}" for i in range(2000)],
+            "mean": median,
+            "q05": median - 0.3,
+            "q25": median - 0.1,
+            "q50": median,
+            "q75": median + 0.1,
+            "q95": median + 0.3,
+        }
+    )
+    table["excludes_zero"] = (table["q05"] > 0) | (table["q95"] < 0)
+    few = plots.plot_unit_effects(table.iloc[:30], tmp_path / "few.png", k=15)
+    many = plots.plot_unit_effects(table, tmp_path / "many.png", k=15)
+    with Image.open(few) as a, Image.open(many) as b:
+        # 2000 units drawn as 30 rows plus a summary row: about the same height as 30 units
+        assert b.size[1] < 1.15 * a.size[1]
+
+
+def test_forecast_figures(summary, tmp_path):
+    _check_png(
+        plots.plot_forecast_fan(summary, tmp_path / "fan.png"),
+        "Forecast step time vs number of GPUs",
+    )
+    _check_png(
+        plots.plot_slowdown(summary, tmp_path / "slow.png"),
+        "Probability of slowdown vs number of GPUs",
+    )
+    _check_png(
+        plots.plot_breakdown(summary, tmp_path / "bd.png"), "Mean step-time breakdown per plan"
+    )
+
+
+def test_custom_title_is_used(summary, tmp_path):
+    path = plots.plot_breakdown(summary, tmp_path / "bd.png", title="Where <the> time goes")
+    assert plots.png_title(path) == "Where <the> time goes"

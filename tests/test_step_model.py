@@ -1,0 +1,186 @@
+"""Step-level model: preparation, known-truth recovery on a synthetic ladder, real MLPerf ladders,
+and forecasts at new scales (``bayesprism.stepscale``)."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bayesprism.errors import InputError
+from bayesprism.model.step import max_normal_moments
+from bayesprism.schema import empty_attrs, validate_table
+
+TRUTH = {"mb_log_median": np.log(0.05), "rank_sigma": 0.03, "comm_per_doubling": 0.2,
+         "bubble_fraction": 0.5, "run_sd": 0.004, "slot_noise": 0.03, "step_noise": 0.008,
+         "step_nu": 6.0}
+# (world size, dp, pp, microbatches); tp = cp = 1, one micro-batch per rank
+LADDER = [(16, 8, 2, 8), (32, 16, 2, 8), (64, 32, 2, 4), (128, 64, 2, 4), (256, 128, 2, 2)]
+
+
+def truth_median(world: int, dp: int, pp: int, m: int) -> float:
+    """Structural median step time (s) of the synthetic ladder's truth."""
+    slot = np.exp(TRUTH["mb_log_median"])
+    emax, _ = max_normal_moments(world)
+    slots = m + TRUTH["bubble_fraction"] * (pp - 1)
+    return float(slots * slot * np.exp(TRUTH["rank_sigma"] * emax)
+                 + slot * TRUTH["comm_per_doubling"] * np.log2(dp))
+
+
+def synthetic_ladder(runs_per_scale: int, steps: int, seed: int = 0,
+                     ladder=LADDER) -> pd.DataFrame:
+    """Step-time rows drawn from the step model with :data:`TRUTH` (first step is warm-up)."""
+    rng = np.random.default_rng(seed)
+    rows, runs = [], {}
+    for world, dp, pp, m in ladder:
+        _, smax = max_normal_moments(world)
+        slots = m + TRUTH["bubble_fraction"] * (pp - 1)
+        sd = np.sqrt((TRUTH["rank_sigma"] ** 2 * smax**2 + TRUTH["slot_noise"] ** 2) / slots
+                     + TRUTH["step_noise"] ** 2)
+        for r in range(runs_per_scale):
+            run = f"n{world}/run{r}"
+            level = np.log(truth_median(world, dp, pp, m)) + TRUTH["run_sd"] * rng.normal()
+            log_t = level + sd * rng.standard_t(TRUTH["step_nu"], steps)
+            log_t[0] += 0.7  # a slow warm-up step that the model must drop
+            rows += [(run, s, float(np.exp(v) * 1e6)) for s, v in enumerate(log_t)]
+            runs[run] = {"platform": "synthetic", "world_size": world, "gpus_per_node": 8,
+                         "global_batch": dp * m, "plan": {"dp": dp, "tp": 1, "pp": pp, "cp": 1,
+                                                          "microbatches": m}}
+    df = pd.DataFrame(rows, columns=["run", "step", "duration_us"])
+    df = df.assign(rank=-1, node="*", gpu=-1, kernel="train_step", kernel_class="step")
+    df.attrs = {**empty_attrs(), "runs": runs}
+    return validate_table(df)
+
+
+def test_max_normal_moments_match_monte_carlo():
+    mean, sd = max_normal_moments(np.array([1, 2, 64]))
+    assert mean[0] == 0.0 and sd[0] == 1.0
+    assert mean[1] == pytest.approx(1 / np.sqrt(np.pi), abs=1e-6)  # E max of 2 = 1/sqrt(pi)
+    draws = np.random.default_rng(0).standard_normal((20000, 64)).max(axis=1)
+    assert mean[2] == pytest.approx(draws.mean(), abs=0.01)
+    assert sd[2] == pytest.approx(draws.std(), abs=0.01)
+
+
+def test_prepare_step_drops_warmup_and_reports_bad_input():
+    from bayesprism.model import prepare
+    from bayesprism.spec import ModelSpec
+
+    table = synthetic_ladder(2, 5)
+    prepared = prepare(table, ModelSpec.load("step"))
+    assert prepared.summary["skipped"] == {"warm-up step": 10}
+    assert prepared.summary["rows"] == 40
+    assert len(prepared.coords["config"]) == 5 and len(prepared.coords["run"]) == 10
+    np.testing.assert_allclose(prepared.data["microbatches"][:2], [8, 8])
+
+    bad = table.copy()
+    bad.attrs = {**table.attrs, "runs": {k: v for k, v in table.attrs["runs"].items()
+                                         if k != "n16/run0"}}
+    with pytest.raises(InputError) as err:
+        prepare(bad.iloc[:3], ModelSpec.load("step"))
+    lines = err.value.lines()
+    assert "each run needs at least 3 timed steps after dropping 1 warm-up step(s)" in lines[0]
+    assert "the step model needs at least 2 runs" in lines[1]
+    with pytest.raises(InputError, match=r"attrs.runs\['n16/run0'\]: is missing"):
+        prepare(bad, ModelSpec.load("step"))
+
+
+@dataclass
+class _Plan:
+    dp: int
+    pp: int
+    microbatches: int
+    tp: int = 1
+    cp: int = 1
+    virtual_stages: int = 1
+
+
+@pytest.fixture(scope="session")
+def synthetic_step_fit():
+    from bayesprism import fit
+
+    table = synthetic_ladder(3, 40, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return table, fit(table, "step", draws=300, tune=400, chains=2, sampler="nutpie",
+                          random_seed=3, progress=False)
+
+
+def test_step_model_recovers_synthetic_truth(synthetic_step_fit):
+    table, tree = synthetic_step_fit
+    post = tree["posterior"]
+    assert tree.attrs["model_kind"] == "step"
+    assert int(tree["sample_stats"]["diverging"].sum()) == 0
+    for name in ("rank_sigma", "comm_per_doubling", "slot_noise", "step_noise"):
+        lo, hi = np.quantile(post[name].values, [0.01, 0.99])
+        assert lo < TRUTH[name] < hi, (name, lo, hi)
+    # structural medians of every scale within 2 % of the truth
+    fitted = post["run_median_s"].median(("chain", "draw")).to_series()
+    for world, dp, pp, m in LADDER:
+        runs = [r for r in fitted.index if r.startswith(f"n{world}/")]
+        assert fitted[runs].mean() == pytest.approx(truth_median(world, dp, pp, m), rel=0.02)
+
+
+def test_compose_steps_forecasts_an_unmeasured_scale(synthetic_step_fit):
+    from bayesprism.stepscale import compose_steps
+
+    _, tree = synthetic_step_fit
+    plan = _Plan(dp=512, pp=2, microbatches=2)  # 1024 GPUs, 4x beyond the ladder
+    draws = compose_steps(tree, plan, replicates=50, rng=np.random.default_rng(0))
+    assert draws.step_time_s.shape == (600, 50)
+    np.testing.assert_allclose(draws.compute_s + draws.bubble_s + draws.exposed_comm_s
+                               + draws.wait_s, draws.step_time_s)
+    truth = truth_median(1024, 512, 2, 2)
+    assert np.median(draws.step_time_s) == pytest.approx(truth, rel=0.05)
+    lo, hi = np.quantile(np.median(draws.step_time_s, axis=1), [0.005, 0.995])
+    assert lo < truth < hi
+    same = compose_steps(tree, plan, replicates=50, rng=np.random.default_rng(0))
+    np.testing.assert_array_equal(same.step_time_s, draws.step_time_s)
+    assert draws.ideal_step_time_s < np.median(draws.step_time_s)
+
+
+def _mlperf_table(shared_data, pattern: str):
+    from bayesprism import read_traces
+
+    files = sorted(shared_data.glob(pattern))
+    if not files:
+        pytest.skip(f"no files match {pattern}")
+    return read_traces(files, progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pattern", [
+    "mlperf/training_results_v3.1/NVIDIA/results/*/gpt3/result_*.txt.gz",
+    "mlperf/training_results_v5.1/University-of-Florida/results/*/llama31_8b/result_*.txt.gz",
+])
+def test_real_mlperf_ladders_converge(shared_data, pattern):
+    from bayesprism import fit
+    from bayesprism.inference import convergence_summary
+
+    table = _mlperf_table(shared_data, pattern)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", category=UserWarning)
+        warnings.filterwarnings("ignore", message="every row is a step-level row")
+        tree = fit(table, draws=1000, tune=1000, chains=2, random_seed=0, progress=False)
+    conv = convergence_summary(tree)
+    assert conv["divergences"] == 0 and conv["max_rhat"] < 1.01, conv
+    # fitted run medians match the observed medians within 1 % (README: e.g. 11.05 s, 0.544 s)
+    observed = table.assign(t=table["duration_us"] * 1e-6).groupby("run", observed=True)["t"]
+    fitted = tree["posterior"]["run_median_s"].median(("chain", "draw")).to_series()
+    np.testing.assert_allclose(fitted.values, observed.median().reindex(fitted.index).values,
+                               rtol=0.01)
+
+
+@pytest.mark.slow
+def test_step_model_recovers_truth_on_a_full_ladder():
+    from bayesprism import fit
+
+    table = synthetic_ladder(8, 200, seed=5)
+    tree = fit(table, "step", draws=1000, tune=1000, random_seed=1, progress=False)
+    post = tree["posterior"]
+    for name in ("rank_sigma", "comm_per_doubling", "bubble_fraction", "run_sd", "slot_noise",
+                 "step_noise"):
+        lo, hi = np.quantile(post[name].values, [0.005, 0.995])
+        assert lo < TRUTH[name] < hi, (name, lo, hi)
