@@ -286,7 +286,7 @@ def _values(result, name: str) -> np.ndarray:
 
 
 def _convergence_problems(table: pd.DataFrame, rhat_max: float, min_ess: float) -> list[str]:
-    """One problem per variable with the worst element, in plain words."""
+    """One problem per failed check, naming the worst element and the variables of the others."""
     problems = []
     checks = (
         (
@@ -316,13 +316,23 @@ def _convergence_problems(table: pd.DataFrame, rhat_max: float, min_ess: float) 
         ),
     )
     for column, bad, ascending, what, advice in checks:
-        failing = table[bad(table[column])]
-        for variable, rows in failing.groupby("variable", sort=False):
-            rows = rows.sort_values(column, ascending=ascending, kind="stable")
-            worst = rows.iloc[0]
-            more = f" (and {len(rows) - 1} more elements of {variable})" if len(rows) > 1 else ""
-            problems.append(f"{what(float(worst[column]))} for {worst['element']}{more}; {advice}")
+        failing = table[bad(table[column])].sort_values(column, ascending=ascending, kind="stable")
+        if not len(failing):
+            continue
+        worst = failing.iloc[0]
+        text = f"{what(float(worst[column]))} for {_short(worst['element'])}"
+        others = failing.iloc[1:]
+        if len(others):
+            names = list(dict.fromkeys(others["variable"]))
+            shown = ", ".join(_short(n, 40) for n in names[:4]) + (", …" if len(names) > 4 else "")
+            text += f" and {len(others)} more elements ({shown})"
+        problems.append(f"{text}; {advice}")
     return problems
+
+
+def _short(label: str, width: int = 60) -> str:
+    """A label cut to ``width`` characters (C++ kernel names run to hundreds)."""
+    return label if len(label) <= width else label[: width - 1] + "…"
 
 
 def _fmt_rhat(value: float) -> str:
@@ -440,9 +450,9 @@ def unit_effects(posterior: xr.DataTree, level: str) -> pd.DataFrame:
 def worst_draws(posterior: xr.DataTree, report: DiagnosisReport, k: int = 6) -> xr.DataTree:
     """The draws of the ``k`` worst-mixing elements, one variable per element, for trace plots.
 
-    Returns a DataTree with a ``posterior`` group whose variables are named by element label
-    (e.g. ``node_scale[gemm]``; a ``/`` in a label becomes the look-alike ``∕``, U+2215, since
-    DataTree names cannot hold ``/``) and have dims ``chain``, ``draw`` only.
+    Returns a DataTree with a ``posterior`` group whose variables are named by
+    :func:`plot_label` of the element label (e.g. ``node_scale[gemm]``) and have dims
+    ``chain``, ``draw`` only.
     """
     post = posterior["posterior"].to_dataset()
     chosen = {}
@@ -455,10 +465,22 @@ def worst_draws(posterior: xr.DataTree, report: DiagnosisReport, k: int = 6) -> 
             .reshape(da.sizes["chain"], da.sizes["draw"], -1)
         )
         position = _element_labels(da).index(label)
-        # DataTree variable names cannot hold "/", which GPU and step labels contain
-        chosen[label.replace("/", "\u2215")] = xr.DataArray(
+        chosen[plot_label(label)] = xr.DataArray(
             flat[:, :, position],
             dims=SAMPLE_DIMS,
             coords={d: post.coords[d] for d in SAMPLE_DIMS if d in post.coords},
         )
     return xr.DataTree.from_dict({"posterior": xr.Dataset(chosen)})
+
+
+def plot_label(label: str, width: int = 48) -> str:
+    """An element label fit for a panel title and a DataTree variable name.
+
+    Long labels (C++ kernel names) keep their start and end around a middle ellipsis; ``/``
+    (in GPU and step labels) becomes the look-alike ``∕`` (U+2215), since DataTree variable
+    names cannot hold ``/``.
+    """
+    if len(label) > width:
+        head = width * 2 // 3
+        label = label[:head] + "…" + label[-(width - head - 1) :]
+    return label.replace("/", "\u2215")

@@ -234,8 +234,10 @@ def step_time_check(
     try:
         traced = json.loads(inventory.attrs.get("traced_plan", "{}"))
         known = {f for f in inspect.signature(ParallelPlan).parameters if f != "source"}
+        # an unknown degree is recorded as null: the plan's default (1) stands in for it
         plan = ParallelPlan.from_dict(
-            {k: v for k, v in traced.items() if k in known}, source="inventory.traced_plan"
+            {k: v for k, v in traced.items() if k in known and v is not None},
+            source="inventory.traced_plan",
         )
         nodes = (
             list(dict.fromkeys(inventory["rank_node"].to_numpy().astype(str)))

@@ -13,6 +13,7 @@ from bayesprism.cli.main import main
 from bayesprism.diagnostics import (
     convergence_table,
     diagnose,
+    plot_label,
     unit_effects,
     variance_components,
     worst_draws,
@@ -162,7 +163,7 @@ def test_degraded_node_comes_first_and_excludes_zero(good_fit):
 def test_worst_draws_holds_the_worst_elements(good_fit, good_report):
     draws = worst_draws(good_fit, good_report, k=3)
     names = list(draws["posterior"].data_vars)
-    assert names == [e.replace("/", "\u2215") for e in good_report.convergence["element"].head(3)]
+    assert names == [plot_label(e) for e in good_report.convergence["element"].head(3)]
     variable = good_report.convergence.iloc[0]["variable"]
     element = names[0]
     table, _ = convergence_table(good_fit)
@@ -291,6 +292,13 @@ def test_cli_missing_file_exits_2(tmp_path, capsys):
     code = main(["diagnose", str(tmp_path / "nope.nc")])
     assert code == 2
     assert "nope.nc" in capsys.readouterr().err
+
+
+def test_plot_label_shortens_and_avoids_slashes():
+    assert plot_label("gpu_effect[node1/0]") == "gpu_effect[node1\u22150]"
+    long = "kernel_log_median[" + "x" * 200 + "_end]"
+    short = plot_label(long)
+    assert len(short) == 48 and short.startswith("kernel_log_median[x") and short.endswith("_end]")
 
 
 def test_step_time_check_compares_traced_and_composed_step_time(good_fit, good_report):

@@ -118,7 +118,7 @@ def test_step_inventory_records_runs_and_logged_times():
 
 
 def test_run_layout_reports_inconsistent_plan():
-    layout, problems = run_layout("x", {"world_size": 10, "plan": {"dp": 4, "tp": 2,
+    _, problems = run_layout("x", {"world_size": 10, "plan": {"dp": 4, "tp": 2,
                                                                    "microbatches": 1}})
     assert len(problems) == 1
     assert "dp*tp*pp*cp = 8 differs from world_size 10" in str(problems[0])

@@ -109,7 +109,7 @@ def synthetic_step_fit():
 
 
 def test_step_model_recovers_synthetic_truth(synthetic_step_fit):
-    table, tree = synthetic_step_fit
+    _, tree = synthetic_step_fit
     post = tree["posterior"]
     assert tree.attrs["model_kind"] == "step"
     assert int(tree["sample_stats"]["diverging"].sum()) == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from bayesprism.cli._common import add_common, print_json
-from bayesprism.errors import InputError, Problem
+from bayesprism.errors import ConvergenceWarning, InputError, Problem
 
 #: Kernel-model loadings reported as variance components (JSON key -> posterior variable).
 KERNEL_LEVELS = {"node": "node_scale", "gpu": "gpu_scale", "step": "step_scale",
@@ -138,8 +138,8 @@ def run(args: argparse.Namespace) -> int:
         tree = fit(tables, args.model, draws=args.draws, tune=args.tune, chains=args.chains,
                    sampler=args.sampler, random_seed=args.seed, progress=progress)
     notes = [str(w.message) for w in caught
-             if issubclass(w.category, UserWarning) and "bayesprism" in w.filename
-             or w.category.__name__ == "ConvergenceWarning"]
+             if issubclass(w.category, ConvergenceWarning)
+             or str(w.message).startswith("every row is a step-level row")]
     path = save(tree, args.output)
     conv = convergence_summary(tree)
     components = variance_components(tree)

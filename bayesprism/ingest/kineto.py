@@ -48,7 +48,13 @@ from bayesprism.ingest.classify import (
     is_nccl_kernel,
     normalize_kernel_name,
 )
-from bayesprism.ingest.kineto_json import STEP_PREFIX, SliceLayoutError, load_trace, scan_events
+from bayesprism.ingest.kineto_json import (
+    STEP_PREFIX,
+    SliceLayoutError,
+    StreamedTrace,
+    load_trace,
+    scan_events,
+)
 from bayesprism.schema import KERNEL_CLASS_DTYPE, coerce_table
 
 DEFAULT_GPUS_PER_NODE = 8
@@ -197,7 +203,14 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
     """
     path = Path(path)
     source = str(path)
-    data, events = load_trace(path)
+    stream = StreamedTrace(path)
+    try:
+        scan = scan_events(stream.slices())
+        data = stream.metadata
+    except SliceLayoutError:
+        data, events = load_trace(path)
+        scan = scan_events(iter([events]))
+        del events
     problems: list[Problem] = []
     notes: list[str] = []
     run = run if run is not None else (path.resolve().parent.name or "run")
@@ -220,10 +233,6 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
         notes.append(f"{path.name}: no distributedInfo; rank {rank} and world size "
                      f"{world_size} taken from the options")
 
-    try:
-        scan = scan_events(events(True))
-    except SliceLayoutError:
-        scan = scan_events(events(False))
     names, is_kernel, ts, dur = scan.names, scan.is_kernel, scan.ts, scan.dur
     device, stream, corr = scan.device, scan.stream, scan.corr
     coll_rows, coll_args = scan.coll_rows, scan.coll_args
@@ -233,7 +242,7 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
     devices_meta = data.deviceProperties
     host_meta = data.host_name or data.hostname
     job = data.mast_job_name or data.tw_job
-    del data, events  # the raw JSON is the bulk of the memory: free it before the frames
+    del data
 
     n_kernels = sum(1 for n in names if isinstance(n, str))
     if not names:

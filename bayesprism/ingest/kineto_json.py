@@ -1,11 +1,11 @@
 """Decoding of PyTorch profiler (Kineto) trace JSON: what :mod:`bayesprism.ingest.kineto` reads.
 
 ``msgspec`` decodes against a schema of only the fields read, so the rest of each event (most of
-a trace) is skipped without building Python objects. The event array is located without
-decoding it and then decoded in slices of about 1 MB cut between two events where the
-profiler's layout puts them, so only one slice of event objects is alive at a time; a file in
-another layout is decoded in one piece, and JSON with ``NaN`` literals (written by Python's
-``json``, not valid JSON) goes through the standard library.
+a trace) is skipped without building Python objects. A file in the profiler's own layout is
+read and decoded in slices of about 1 MB cut between two events (:class:`StreamedTrace`), so
+memory does not grow with the file; any other file is decoded in one piece
+(:func:`load_trace`), JSON with ``NaN`` literals (written by Python's ``json``, not valid
+JSON) through the standard library.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,14 +72,17 @@ class _TraceFull(_Metadata, gc=False):
 
 _HEADER_DECODER = msgspec.json.Decoder(_TraceHeader)
 _EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
-#: Between two events as the profiler writes them ("  }," and "  {" on lines of their own). A raw
-#: newline never occurs inside a JSON string, so this can only be structure.
+#: The event array as the profiler writes it: opened by ARRAY_START, events separated by
+#: EVENT_BOUNDARY ("  }," and "  {" on lines of their own), closed by ARRAY_END. A raw newline
+#: never occurs inside a JSON string, so these can only be structure.
+ARRAY_START = b'"traceEvents": ['
 EVENT_BOUNDARY = b"\n  },\n  {"
+ARRAY_END = b"\n  }\n  ]"
 SLICE_BYTES = 1 << 20
 
 
 class SliceLayoutError(Exception):
-    """A slice of the event array did not decode: the layout is not the profiler's."""
+    """The file is not in the profiler's layout (or is damaged): decode it whole instead."""
 
 def _read_bytes(path: Path) -> bytes:
     source = str(path)
@@ -96,7 +99,7 @@ def _read_bytes(path: Path) -> bytes:
     return raw
 
 
-def _load_with_stdlib(raw: bytes, source: str):
+def _load_with_stdlib(raw: bytes, source: str) -> tuple[_Metadata, list[_Event]]:
     """Fallback decoder: accepts NaN/Infinity literals, names line and column of errors."""
     try:
         full = msgspec.convert(json.loads(raw), _TraceFull)
@@ -110,15 +113,14 @@ def _load_with_stdlib(raw: bytes, source: str):
                                        "missing: not a PyTorch profiler trace"))
     events = full.traceEvents
     full.traceEvents = None
-    return full, lambda sliced=True: iter([events])
+    return full, events
 
 
-def load_trace(path: Path) -> tuple[_Metadata, Callable[[bool], Iterator[list[_Event]]]]:
-    """Parse one trace file: its metadata, and ``events(sliced)`` yielding its events in lists.
+def load_trace(path: Path) -> tuple[_Metadata, list[_Event]]:
+    """Parse a whole trace file at once: its metadata and its events.
 
-    Decoding the events slice by slice (about 1 MB of JSON each, cut between two events where
-    the profiler's layout puts them) keeps only one slice of event objects alive at a time. A
-    file in another layout is decoded in one piece. Raises TraceFormatError naming the file.
+    Raises TraceFormatError naming the file and what is wrong (truncated gzip, invalid JSON,
+    not a profiler trace).
     """
     source = str(path)
     raw = _read_bytes(path)
@@ -136,35 +138,66 @@ def load_trace(path: Path) -> tuple[_Metadata, Callable[[bool], Iterator[list[_E
         raise TraceFormatError(Problem(source, "traceEvents",
                                        "missing: not a PyTorch profiler trace"))
     header.traceEvents = msgspec.Raw()
-
-    def whole() -> Iterator[list[_Event]]:
-        try:
-            yield _EVENTS_DECODER.decode(array)
-        except msgspec.ValidationError as exc:
-            raise TraceFormatError(Problem(source, "traceEvents",
-                                           f"not a PyTorch profiler trace: {exc}")) from None
-
-    def slices() -> Iterator[list[_Event]]:
-        view = memoryview(array)
-        n = len(view)
-        first = raw.find(b"[", raw.find(b'"traceEvents"'))
-        if n < 2 * SLICE_BYTES or first < 0 or raw[first:first + 64] != bytes(view[:64]):
-            yield from whole()
-            return
-        begin = 1  # after "["
-        while begin < n - 1:
-            cut = raw.find(EVENT_BOUNDARY, first + begin + SLICE_BYTES, first + n)
-            end = n - 1 if cut < 0 else cut - first + 4  # through "  }"
-            try:
-                yield _EVENTS_DECODER.decode(b"[" + view[begin:end].tobytes() + b"]")
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                raise SliceLayoutError from None
-            begin = end + 1  # past ","
-
-    def events(sliced: bool = True) -> Iterator[list[_Event]]:
-        return slices() if sliced else whole()
-
+    try:
+        events = _EVENTS_DECODER.decode(array)
+    except msgspec.ValidationError as exc:
+        raise TraceFormatError(Problem(source, "traceEvents",
+                                       f"not a PyTorch profiler trace: {exc}")) from None
     return header, events
+
+
+class StreamedTrace:
+    """Decode a trace file slice by slice while reading it, in the profiler's own layout.
+
+    The profiler writes ``"traceEvents": [`` and then one event per block, blocks separated by
+    ``EVENT_BOUNDARY`` and the array closed by ``ARRAY_END``. The file (gzip or not) is read in
+    blocks of about 1 MB; each run of whole events is decoded as one list, so memory holds one
+    slice of raw JSON and its events, whatever the file size. The keys around the array are
+    decoded at the end (``metadata``). Anything unexpected raises :class:`SliceLayoutError`,
+    and the caller falls back to :func:`load_trace` (which also names real errors).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.metadata: _Metadata | None = None
+
+    def slices(self) -> Iterator[list[_Event]]:
+        """Lists of events in file order; ``metadata`` is set once this is exhausted."""
+        try:
+            yield from self._slices()
+        except (OSError, EOFError, zlib.error, msgspec.DecodeError, msgspec.ValidationError):
+            raise SliceLayoutError from None
+
+    def _slices(self) -> Iterator[list[_Event]]:
+        with self.path.open("rb") as raw_fh:
+            gz = raw_fh.read(2) == b"\x1f\x8b"
+            raw_fh.seek(0)
+            fh = gzip.GzipFile(fileobj=raw_fh) if gz else raw_fh
+            head = fh.read(SLICE_BYTES)
+            key = head.find(ARRAY_START)
+            if key < 0:
+                raise SliceLayoutError
+            prefix = head[:key + len(ARRAY_START) - 1]  # up to '"traceEvents": '
+            pending = head[key + len(ARRAY_START):]
+            eof = False
+            while True:
+                end = pending.find(ARRAY_END)
+                if end >= 0:
+                    last = pending[:end + 4]  # through the last event's "}"
+                    trailer = pending[end + len(ARRAY_END):] + fh.read()
+                    if last.strip():
+                        yield _EVENTS_DECODER.decode(b"[" + last + b"]")
+                    self.metadata = _HEADER_DECODER.decode(prefix + b"[]" + trailer)
+                    return
+                cut = pending.rfind(EVENT_BOUNDARY)
+                if cut > 0:
+                    yield _EVENTS_DECODER.decode(b"[" + pending[:cut + 4] + b"]")
+                    pending = pending[cut + 5:]  # the next event starts after ","
+                if eof:
+                    raise SliceLayoutError  # no end of the array
+                block = fh.read(SLICE_BYTES)
+                eof = not block
+                pending += block
 
 
 @dataclass

@@ -1,41 +1,54 @@
 """Step-level model for step-time logs of several runs at several scales (MLPerf-style).
 
 Input rows have ``kernel_class == "step"`` (one row per logged optimizer step, ``rank = -1``);
-each run's ``attrs["runs"][run]`` describes its layout: ``world_size`` (or ``gpus``),
-``gpus_per_node``, ``global_batch_size`` and ``plan`` with ``dp``, ``tp``, ``pp``, ``cp``,
-``microbatches`` (gradient-accumulation steps per data-parallel rank) and optionally
+each run's ``attrs["runs"][run]`` describes its layout (``bayesprism.inventory.run_layout``):
+``world_size``, ``gpus_per_node``, ``global_batch`` and ``plan`` with ``dp``, ``tp``, ``pp``,
+``cp``, ``microbatches`` (gradient-accumulation steps per data-parallel rank) and optionally
 ``virtual_stages`` and ``micro_batch_size``.
 
-Model (times in seconds). For run r with m micro-batches, pp pipeline stages, v virtual stages,
-data-parallel size dp and R = world-size ranks:
+Model (seconds). For run r with m micro-batches, pp stages, v virtual stages, data-parallel
+size dp and R = world-size ranks:
 
-    c_r      = exp(mb_log_median) * (w_r / w_ref) ** work_exponent     per-micro-batch, per-stage
-    slots_r  = m + bubble_fraction * (pp - 1) / v                      1F1B: bubble (pp-1)/m of compute
-    strag_r  = exp(rank_sigma * E[max of R standard normals])          a slot waits for the slowest rank
-    comm_r   = exp(mb_log_median) * (comm_latency * log2(dp) + comm_bandwidth * 2 (dp-1)/dp)
-    median_r = slots_r * c_r * strag_r + comm_r
-    log y_rs ~ StudentT(step_nu, log median_r + run_effect_r, noise_r)
-    noise_r  = sqrt((rank_sigma**2 * SD[max of R]**2 + slot_noise**2) / slots_r + step_noise**2)
+    c_r      = exp(mb_log_median) * (w_r / w_ref) ** work_exponent    (one micro-batch, one stage)
+    slots_r  = m + bubble_fraction * (pp - 1) / v                     (1F1B bubble: (pp-1)/m)
+    strag_r  = exp(rank_sigma * E[max of R standard normals])         (slowest of R ranks)
+    comm_r   = exp(mb_log_median) * comm_per_doubling * log2(dp)      (exposed DP communication)
+    log median_r = log(slots_r * c_r * strag_r + comm_r)
+    run_log_median_r ~ Normal(log median_r [+ config level], run_sd)
+    log y_rs ~ StudentT(step_nu, run_log_median_r, noise_r)
+    noise_r  = sqrt((rank_sigma^2 * SD[max of R]^2 + slot_noise^2) / slots_r + step_noise^2)
 
-``w_r`` is the work of one micro-batch on one GPU, ``micro_batch_size / (tp * pp * cp)`` (the
-model is the same along a ladder), and ``w_ref`` its median over the runs. Rank-level variability
-is a lognormal per-rank slot time with log-sd ``rank_sigma``; every micro-batch slot waits for
-the slowest of the R ranks, so its log time is shifted by ``rank_sigma`` times the expected
-maximum of R standard normals and spread by ``rank_sigma`` times that maximum's standard
-deviation (both computed exactly by quadrature, :func:`max_normal_moments`). Averaging over the
-``slots_r`` slots of a step divides the slot variance by ``slots_r``; ``step_noise`` is the
-step-level noise that does not average out, and the Student-t likelihood lets the occasional slow
-step through without dragging the medians. ``bubble_fraction`` (≤ 1) is the pipeline bubble
-relative to plain 1F1B: below 1 when the implementation interleaves. Data-parallel gradient
-communication that is not hidden behind compute follows a ring all-reduce cost in dp (latency
-steps ~ log2 dp, bandwidth term 2(dp−1)/dp), expressed in units of a reference slot so the priors
-do not depend on the model size. ``run_effect`` is the run-to-run shift (normal population with
-sd ``run_sd``); a new run draws a fresh one.
+``w_r = micro_batch_size / (tp * pp * cp)`` is the work of one micro-batch on one GPU (the
+trained model is the same along a ladder) and ``w_ref`` its median over the runs. Rank-level
+variability is a lognormal per-rank slot time with log-sd ``rank_sigma``; every micro-batch slot
+waits for the slowest of the R ranks, which shifts its log time by ``rank_sigma`` times the
+expected maximum of R standard normals and spreads it by ``rank_sigma`` times that maximum's
+standard deviation (both exact, by quadrature: :func:`max_normal_moments`). So how the tail
+grows with scale is learned from how the medians grow between the measured scales. Averaging
+over the ``slots_r`` slots of a step divides the slot variance by ``slots_r``; ``step_noise`` is
+the part that does not average out (sampled as ``noise_scale`` and ``slot_share``, since the two
+parts are only separable when the slot count varies). The Student-t likelihood lets the
+occasional slow step through without dragging the medians. ``bubble_fraction`` (0-1) is the
+pipeline bubble relative to plain 1F1B: below 1 when the implementation interleaves (it is
+prior-only when every run has pp = 1). Data-parallel communication that is not hidden behind
+compute costs ``comm_per_doubling`` reference slots per doubling of dp (ring/tree latency
+steps); the bandwidth term of a ring all-reduce, 2(dp-1)/dp, is nearly constant for dp >= 8 and
+cannot be told apart from compute in these logs, so it is part of the slot time.
+
+Run levels are centred on the run's own log median (the data pin each run's level tightly, so
+the structural parameters only enter that level's prior). ``run_sd`` is the run-to-run spread;
+it also absorbs whatever the structural formula misses at a measured scale, which keeps the
+forecast at a new scale honest. Option ``[step] config_effects = true`` adds a level per layout
+(``config_log_median``, ``config_sd``) between the structure and the runs.
 
 Posterior variables: ``mb_log_median``, ``work_exponent``, ``bubble_fraction``, ``rank_sigma``,
-``comm_latency``, ``comm_bandwidth``, ``run_sd``, ``run_effect`` (run), ``slot_noise``,
-``step_noise``, ``step_nu``, and the deterministic ``run_median_s`` (run).
-The first timed step of every run is dropped as warm-up (counted in ``summary["skipped"]``).
+``comm_per_doubling``, ``noise_scale``, ``slot_share``, ``slot_noise``, ``step_noise``,
+``step_nu``, ``run_sd``, ``run_log_median`` (run) and the deterministic ``run_effect`` and
+``run_median_s`` (run). ``posterior.attrs``: ``model_kind="step"``, ``time_unit="s"``,
+``reference_work``, ``run_population="normal"``, ``warmup_steps`` and ``run_layouts`` (JSON).
+The first timed step of every run is dropped as warm-up (``summary["skipped"]``).
+Options (``ModelSpec.step``): ``warmup_steps`` (1), ``noise`` (``"student_t"`` or ``"normal"``),
+``config_effects`` (false).
 """
 
 from __future__ import annotations
@@ -96,7 +109,7 @@ def max_normal_moments(n) -> tuple[np.ndarray, np.ndarray]:
     return moments[:, 0].reshape(arr.shape), moments[:, 1].reshape(arr.shape)
 
 
-def prepare_step(tables: Sequence[pd.DataFrame], spec) -> "PreparedData":  # noqa: F821
+def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa: F821
     """Step-time rows of several runs → the arrays :func:`build_step` needs.
 
     Parameters
@@ -128,13 +141,15 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> "PreparedData":  # noq
     for i, table in enumerate(tables):
         source = str(table.attrs.get("source", f"table {i}")) if len(tables) > 1 else "table"
         if "kernel_class" not in table.columns or "duration_us" not in table.columns:
-            problems.append(Problem(source, "kernel_class, duration_us", "required columns are missing"))
+            problems.append(Problem(source, "kernel_class, duration_us",
+                                    "required columns are missing"))
             continue
         not_step = (table["kernel_class"].astype(str) != "step").to_numpy()
         if not_step.any():
             problems.append(Problem(source, "kernel_class",
                                     "the step model needs step rows only (kernel_class == 'step')",
-                                    int(not_step.sum()), table["kernel_class"].to_numpy()[not_step][0]))
+                                    int(not_step.sum()),
+                                    table["kernel_class"].to_numpy()[not_step][0]))
             continue
         frames.append(table[["run", "step", "duration_us"]].assign(
             run=table["run"].astype(str), _source=source))
@@ -210,7 +225,7 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> "PreparedData":  # noq
         notes.append(f"micro-batch size unknown for {len(unknown_mbs)} run(s) "
                      f"(no global batch size): assumed 1, e.g. {unknown_mbs[0]}")
     summary = {
-        "rows": int(len(rows)),
+        "rows": len(rows),
         "runs": len(runs),
         "skipped": {"warm-up step": int(warm.sum())},
         "notes": notes,
@@ -254,8 +269,8 @@ def build_step(prepared, spec):
     prepared
         Output of :func:`prepare_step`.
     spec
-        The model spec; option ``run_effects`` = ``"centered"`` (default) or ``"noncentered"``,
-        ``noise`` = ``"student_t"`` (default) or ``"normal"``.
+        The model spec; options ``noise`` (``"student_t"`` or ``"normal"``) and
+        ``config_effects`` (see the module docstring).
 
     Returns
     -------
@@ -283,8 +298,12 @@ def build_step(prepared, spec):
         bubble_fraction = pm.Beta("bubble_fraction", 2.0, 2.0)
         rank_sigma = pm.HalfNormal("rank_sigma", 0.2)
         comm_per_doubling = pm.HalfNormal("comm_per_doubling", 0.5)
-        slot_noise = pm.HalfNormal("slot_noise", 0.2)
-        step_noise = pm.HalfNormal("step_noise", 0.05)
+        # Noise of a one-slot step split into a part that averages over slots and one that
+        # does not: identified only when the slot count varies, so sample total and share.
+        noise_scale = pm.HalfNormal("noise_scale", 0.1)
+        slot_share = pm.Beta("slot_share", 2.0, 2.0)
+        slot_noise = pm.Deterministic("slot_noise", noise_scale * pt.sqrt(slot_share))
+        step_noise = pm.Deterministic("step_noise", noise_scale * pt.sqrt(1.0 - slot_share))
         slot = pt.exp(mb_log_median + work_exponent * log_work)
         slots = microbatches + bubble_fraction * (pp - 1.0) / virtual
         comm = pt.exp(mb_log_median) * comm_per_doubling * pt.log2(dp)

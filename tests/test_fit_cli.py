@@ -1,0 +1,49 @@
+"""``bayesprism fit`` on Parquet tables: JSON summary and exit code 2 on bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+from fit_helpers import tiny_kernel_table, tiny_spec
+
+from bayesprism.cli.main import main
+from bayesprism.schema import write_table
+
+
+def test_fit_cli_json_summary(tmp_path, capsys):
+    table = tmp_path / "table.parquet"
+    write_table(tiny_kernel_table(), table)
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(tiny_spec().to_toml())
+    out = tmp_path / "post.nc"
+    code = main(["fit", str(table), "-o", str(out), "--model", str(spec), "--draws", "60",
+                 "--tune", "100", "--sampler", "pymc", "--seed", "1", "--json", "--quiet"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert {"max_rhat", "min_ess_bulk", "divergences", "seconds", "variance_components",
+            "path"} <= set(summary)
+    assert summary["path"] == str(out) and out.is_file()
+    components = summary["variance_components"]
+    assert set(components) == {"elementwise", "gemm", "allreduce"}
+    gemm = components["gemm"]
+    assert gemm["node"] is None and gemm["step"] is None  # levels not fitted by the tiny spec
+    assert 0.01 < gemm["gpu"] < 0.3 and 0.01 < gemm["residual"] < 0.2
+
+
+def test_fit_cli_exits_2_with_one_line_per_problem(tmp_path, capsys):
+    bad = tiny_kernel_table().astype({"run": str, "node": str, "kernel": str,
+                                      "kernel_class": str})
+    bad = pd.DataFrame(bad)
+    bad.loc[:4, "duration_us"] = -1.0
+    bad.loc[:1, "step"] = -3
+    path = tmp_path / "bad.parquet"
+    bad.to_parquet(path)
+    code = main(["fit", str(path), "-o", str(tmp_path / "p.nc"), "--quiet"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {path}: duration_us: must be > 0 µs (5 rows), e.g. -1.0",
+                   f"error: {path}: step: must be >= 0 (2 rows), e.g. -3"]
+    code = main(["fit", str(tmp_path / "missing.parquet"), "-o", str(tmp_path / "p.nc")])
+    assert code == 2
+    assert "no such file" in capsys.readouterr().err

@@ -1,0 +1,103 @@
+"""fit(): artifact contents, samplers, convergence warnings, seeds and bad input."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+from fit_helpers import fitted, tiny_kernel_table, tiny_spec
+
+from bayesprism.errors import ConvergenceWarning, InputError
+from bayesprism.inference import _resolve_spec, convergence_summary, fit, input_digest
+
+ROOT_ATTRS = ("bayesprism_version", "schema_version", "model_kind", "spec", "spec_hash",
+              "input_digest", "sampler", "seconds", "draws", "tune", "chains", "random_seed")
+
+
+def test_fit_returns_a_self_describing_tree():
+    tree, caught = fitted("pymc")
+    assert set(ROOT_ATTRS) <= set(tree.attrs)
+    assert {"posterior", "sample_stats", "observed_data", "constant_data",
+            "inventory"} <= set(tree.children)
+    attrs = tree.attrs
+    assert (attrs["model_kind"], attrs["sampler"], attrs["draws"], attrs["tune"],
+            attrs["chains"], attrs["random_seed"]) == ("kernel", "pymc", 100, 150, 2, 0)
+    assert json.loads(attrs["spec"]) == tiny_spec().to_dict()
+    assert attrs["spec_hash"] == tiny_spec().spec_hash()
+    assert attrs["input_digest"] == input_digest([tiny_kernel_table()])
+    assert attrs["seconds"] > 0
+    assert tree["posterior"].attrs["gpu_population"] == "normal"  # PreparedData.attrs
+    assert "diverging" in tree["sample_stats"]
+    assert tree["posterior"].sizes["chain"] == 2 and tree["posterior"].sizes["draw"] == 100
+    inv = tree["inventory"]
+    assert list(inv["role"].values) == ["compute", "compute", "dp"]  # ew_b, gemm_a, nccl_ar
+    assert not [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+    conv = convergence_summary(tree)
+    assert conv["max_rhat"] < 1.05 and conv["divergences"] == 0
+
+
+def test_gpu_effects_recover_the_simulated_order():
+    tree, _ = fitted("pymc")
+    effect = tree["posterior"]["gpu_effect"].mean(("chain", "draw")).to_numpy()
+    # GPU effects of the table: n0/0 +0.08 > n1/0 +0.02 > n0/1 -0.04 > n1/1 -0.06
+    labels = [str(v) for v in tree["posterior"]["gpu_unit"].to_numpy()]
+    order = [labels[i] for i in np.argsort(-effect)]
+    assert order == ["n0/0", "n1/0", "n0/1", "n1/1"]
+
+
+def test_nutpie_sampler_writes_the_same_groups():
+    tree, _ = fitted("nutpie", draws=100, tune=150)
+    assert tree.attrs["sampler"] == "nutpie"
+    assert {"posterior", "sample_stats", "observed_data", "constant_data",
+            "inventory"} <= set(tree.children)
+    assert len(tree["constant_data"].data_vars) > 0
+    pymc_tree, _ = fitted("pymc")
+    a = tree["posterior"]["kernel_log_median"].mean(("chain", "draw")).to_numpy()
+    b = pymc_tree["posterior"]["kernel_log_median"].mean(("chain", "draw")).to_numpy()
+    np.testing.assert_allclose(a, b, atol=0.03)
+
+
+def test_unconverged_fit_warns_and_same_seed_gives_same_numbers():
+    table, spec = tiny_kernel_table(), tiny_spec()
+    with pytest.warns(ConvergenceWarning, match=r"did not converge .*(R-hat|bulk ESS)"):
+        first = fit(table, spec, draws=10, tune=0, sampler="pymc", random_seed=7,
+                    progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        second = fit(table, spec, draws=10, tune=0, sampler="pymc", random_seed=7,
+                     progress=False)
+        other = fit(table, spec, draws=10, tune=0, sampler="pymc", random_seed=8,
+                    progress=False)
+    a = first["posterior"]["kernel_log_median"].to_numpy()
+    np.testing.assert_array_equal(a, second["posterior"]["kernel_log_median"].to_numpy())
+    assert not np.array_equal(a, other["posterior"]["kernel_log_median"].to_numpy())
+
+
+def test_input_digest_is_stable_and_content_sensitive():
+    table = tiny_kernel_table()
+    assert input_digest([table]) == input_digest([tiny_kernel_table()])
+    changed = table.copy()
+    changed.loc[0, "duration_us"] *= 1.0001
+    assert input_digest([changed]) != input_digest([table])
+
+
+def test_bad_input_is_an_input_error_not_a_traceback():
+    with pytest.raises(InputError, match="unknown sampler"):
+        fit(tiny_kernel_table(), tiny_spec(), sampler="hmc", progress=False)
+    with pytest.raises(InputError, match="draws: must be a positive integer"):
+        fit(tiny_kernel_table(), tiny_spec(), draws=0, progress=False)
+    with pytest.raises(InputError, match="expected a DataFrame"):
+        fit([], progress=False)
+    with pytest.raises(InputError, match="pathfinder needs pymc-extras"):
+        fit(tiny_kernel_table(), tiny_spec(), sampler="pathfinder", progress=False)
+
+
+def test_step_tables_default_to_the_step_spec():
+    from test_step_model import synthetic_ladder
+
+    with pytest.warns(UserWarning, match="every row is a step-level row"):
+        spec = _resolve_spec(None, [synthetic_ladder(2, 4)])
+    assert spec.kind == "step"
+    assert _resolve_spec(None, [tiny_kernel_table()]).kind == "kernel"
