@@ -46,7 +46,10 @@ both run (tests/test_composition.py): quantiles p05-p95 agree within 1%.
 
 Breakdown (sums to the step time exactly)
 -----------------------------------------
-``compute_s``: the mean rank's compute in the step (all micro-batches plus optimizer).
+``compute_s``: the mean rank's compute in the step (all micro-batches plus optimizer), plus the
+traced GPU idle time inside a step (host work and launch gaps: the median over traced rank-steps
+of the measured span minus the expected kernel time, carried over unchanged per step; zero when
+the inventory has no ``traced_step_time_us``).
 ``exposed_comm_s``: stage collectives (TP/CP/EP) of all micro-batches plus the exposed
 data-parallel collectives. ``bubble_s``: pipeline makespan with every stage at the mean rank's
 pace minus that stage's busy time (fill/drain and point-to-point latency).
@@ -246,6 +249,10 @@ def _exact(model, posterior, cluster, schedule, shared, replicates, rng):
         mean_mult[sl] = mult.mean(axis=-1)
         max_mult[sl] = mult.max(axis=-1)
         groups = mult.reshape(stop - start, replicates, plan.pp, plan.dp, q).max(axis=-1)
+        if plan.ep > 1:  # expert all-to-all: ep replicas of a stage advance together
+            shape = groups.shape
+            coupled = groups.reshape(*shape[:-1], plan.dp // plan.ep, plan.ep).max(axis=-1)
+            groups = np.repeat(coupled, plan.ep, axis=-1).reshape(shape)
         groups = np.swapaxes(groups, -1, -2)  # (n, R, dp, pp)
         f, b, w = _stage_times(model, shared, groups, sl)
         ends = pipeline_finish(schedule, f, b, w, shared.p2p_us[sl][..., None])
@@ -257,8 +264,9 @@ def _fast(model, posterior, cluster, schedule, shared, replicates, rng):
     """Slowest finish, mean and max rank multiplier (D, R) without simulating every rank.
 
     The ``TOP_REPLICAS`` slowest nodes (order statistics, new nodes by inverse CDF, measured
-    nodes simulated) each sit on a random stage of their own replica, whose other stages are
-    ordinary simulated stage groups; the step is the slowest of these replicas.
+    nodes simulated) sit on random stages of random replicas (sharing a replica when they draw
+    the same one), whose other stages are ordinary simulated stage groups; the step is the
+    slowest of these ``TOP_REPLICAS`` replicas.
     """
     plan, gpn = model.plan, model.gpus_per_node
     d, r = model.draws, replicates
@@ -266,7 +274,9 @@ def _fast(model, posterior, cluster, schedule, shared, replicates, rng):
     u_meas, v_meas = _measured_effects(posterior, cluster, n_nodes, gpn, d)
     n_meas = u_meas.shape[1]
     n_new = n_nodes - n_meas
-    top = max(1, min(TOP_REPLICAS, plan.dp, n_nodes))
+    top = max(1, min(TOP_REPLICAS, n_nodes))  # slowest nodes placed explicitly
+    sets = max(1, plan.dp // plan.ep)  # independent (groups of) replicas
+    n_rep = min(top, sets)  # replicas simulated
     ln, lg, lgs = model.loading["node"], model.loading["gpu"], model.loading["gpustep"]
 
     def transient(shape):
@@ -286,23 +296,55 @@ def _fast(model, posterior, cluster, schedule, shared, replicates, rng):
         candidates.append((persistent[:, None] + transient((n_meas, gpn))).max(axis=-1))
     slowest = np.sort(np.concatenate(candidates, axis=-1), axis=-1)[..., ::-1][..., :top]
 
-    # ordinary stage groups of q ranks on their own nodes (redrawn per replicate)
-    q = plan.tp * plan.cp
-    nodes_per_group = math.ceil(q / gpn)
-    shape = (top, plan.pp)
-    u = _new_effects(posterior, "node", r * top * plan.pp * nodes_per_group, rng, ln)
-    u = u.reshape(d, r, *shape, nodes_per_group)
-    v = _new_effects(posterior, "gpu", r * top * plan.pp * q, rng, lg).reshape(d, r, *shape, q)
-    ix = (slice(None), None, None, None, None)
-    t = ln[ix] * u[..., np.arange(q) // gpn] + lg[ix] * v + transient((*shape, q))
-    t += shared.step_log[:, :, None, None, None]
-    mult = np.exp(t)
-    groups = mult.max(axis=-1)  # (D, R, top, pp)
-    mean_mult = mult.mean(axis=(-1, -2, -3))
+    # ordinary stage groups of q consecutive ranks (redrawn per replicate); with expert
+    # parallelism a stage advances with its ep partner replicas, whose groups follow it in
+    # rank order: the stage is the slowest of ep*q consecutive ranks, on their shared nodes
+    q, ep = plan.tp * plan.cp, plan.ep
+    members = ep * q
+    nodes_per_stage = math.ceil(members / gpn)
+    stages = r * n_rep * plan.pp
+    groups = np.empty((d, r, n_rep, plan.pp))
+    mean_mult = np.empty((d, r))
+    chunk = max(1, _CHUNK_ELEMENTS // (stages * members))
+    for start in range(0, d, chunk):
+        sl = slice(start, min(d, start + chunk))
+        n = sl.stop - sl.start
+        subset = posterior if n == d else _posterior_subset(posterior, sl.start, sl.stop)
+        u = _new_effects(subset, "node", stages * nodes_per_stage, rng, ln[sl])
+        u = u.reshape(n, r, n_rep, plan.pp, nodes_per_stage)
+        v = _new_effects(subset, "gpu", stages * members, rng, lg[sl])
+        v = v.reshape(n, r, n_rep, plan.pp, members)
+        ix = (sl, None, None, None, None)
+        t = ln[ix] * u[..., np.arange(members) // gpn] + lg[ix] * v
+        t += lgs[ix] * rng.standard_normal(t.shape) + model.resid_mu[ix]
+        t += model.resid_sd[ix] * rng.standard_normal(t.shape)
+        t += shared.step_log[sl][:, :, None, None, None]
+        mult = np.exp(t)
+        groups[sl] = mult.max(axis=-1)  # (n, R, n_rep, pp)
+        mean_mult[sl] = mult.mean(axis=(-1, -2, -3))
     slow = np.exp(slowest + shared.step_log[..., None])  # (D, R, top)
+    # ordinary stages hold none of the slowest nodes: cap them at the top-th slowest (their
+    # conditional law given that, to first order in top/N per node)
+    groups = np.minimum(groups, slow[..., -1:, None])
+    # each slow node lands on a random stage of a random one of the dp/ep independent
+    # (groups of) replicas; slow nodes that share a replica slow it together
+    replica = rng.integers(0, sets, size=(d, r, top))
     position = rng.integers(0, plan.pp, size=(d, r, top))
-    stage_mult = groups.copy()
-    np.put_along_axis(stage_mult, position[..., None], slow[..., None], axis=-1)
+    slot = np.zeros((d, r, top), dtype=np.int64)  # dense index of each node's replica
+    fresh = np.zeros((d, r), dtype=np.int64)
+    for k in range(top):
+        same = replica[..., :k] == replica[..., k : k + 1]
+        seen = same.any(axis=-1)
+        earlier = np.take_along_axis(slot[..., :k], same.argmax(axis=-1)[..., None], axis=-1)[
+            ..., 0] if k else fresh
+        slot[..., k] = np.where(seen, earlier, fresh)
+        fresh = fresh + ~seen
+    stage_mult = groups.reshape(d, r, n_rep * plan.pp).copy()
+    for k in range(top):
+        cell = (slot[..., k] * plan.pp + position[..., k])[..., None]
+        current = np.take_along_axis(stage_mult, cell, axis=-1)
+        np.put_along_axis(stage_mult, cell, np.maximum(current, slow[..., k, None]), axis=-1)
+    stage_mult = stage_mult.reshape(d, r, n_rep, plan.pp)
     f, b, w = _stage_times(model, shared, stage_mult, slice(None))
     ends = pipeline_finish(schedule, f, b, w, shared.p2p_us[..., None])
     finish = ends.max(axis=(-1, -2))
@@ -339,8 +381,10 @@ def _typical_shared(model: PlanModel) -> _Shared:
 def _assemble(model, shared, schedule, finish, mean_mult, max_mult, ideal_s):
     m = model.plan.microbatches
     after = shared.dp_us + shared.fallback_us
-    step_us = finish + after + model.opt_us[:, None] * max_mult
+    idle = np.broadcast_to(np.asarray(model.idle_us, dtype=float), model.fwd_us.shape)[:, None]
+    step_us = finish + after + model.opt_us[:, None] * max_mult + idle
     compute_us = (m * (model.fwd_us + model.bwd_us)[:, None] + model.opt_us[:, None]) * mean_mult
+    compute_us = compute_us + idle
     exposed_us = m * (shared.stage_f_us + shared.stage_b_us) + after
     uniform = np.broadcast_to(mean_mult[..., None], (*mean_mult.shape, model.plan.pp))
     f, b, w = _stage_times(model, shared, uniform, slice(None))
@@ -377,6 +421,7 @@ def _ideal_from_model(model: PlanModel) -> float:
         shared.p2p_us,
     ).max(axis=-1)
     step = finish + shared.dp_us + shared.fallback_us + model.opt_us[:, None] * ones
+    step = step + np.asarray(model.idle_us, dtype=float).reshape(-1, 1)
     return float(step[0, 0]) / 1e6
 
 

@@ -114,14 +114,33 @@ def _combined_table(tables: list[pd.DataFrame]) -> pd.DataFrame:
     return combined
 
 
+#: nutpie-compiled models of this process by (spec hash, input digest): refitting the same data
+#: with another seed or length skips the compile (the slowest part of a small fit).
+_COMPILED: dict[tuple[str, str], object] = {}
+_COMPILED_MAX = 4
+
+
+def _compiled_nutpie(model, key: tuple[str, str] | None):
+    import nutpie
+
+    if key is not None and key in _COMPILED:
+        return _COMPILED[key]
+    compiled = nutpie.compile_pymc_model(model)
+    if key is not None:
+        if len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.pop(next(iter(_COMPILED)))
+        _COMPILED[key] = compiled
+    return compiled
+
+
 def _sample(model, sampler: str, *, draws: int, tune: int, chains: int, random_seed: int,
-            progress: bool) -> xr.DataTree:
+            progress: bool, cache_key: tuple[str, str] | None = None) -> xr.DataTree:
     import pymc as pm
 
     if sampler == "nutpie":
         import nutpie
 
-        compiled = nutpie.compile_pymc_model(model)
+        compiled = _compiled_nutpie(model, cache_key)
         tree = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains,
                              cores=min(chains, 2), seed=random_seed, progress_bar=progress)
         return _add_data_groups(tree, model)
@@ -149,17 +168,20 @@ def _sample(model, sampler: str, *, draws: int, tune: int, chains: int, random_s
 
 
 def _add_data_groups(tree: xr.DataTree, model) -> xr.DataTree:
-    """Add ``observed_data``/``constant_data`` when the sampler did not write them."""
-    import pymc as pm
+    """Add ``observed_data``/``constant_data`` from the model when the sampler did not."""
+    import pymc
+    from pymc.backends.arviz import (
+        coords_and_dims_for_inferencedata,
+        dict_to_dataset,
+        find_constants,
+        find_observations,
+    )
 
-    missing = [g for g in ("observed_data", "constant_data") if g not in tree.children]
-    if not missing:
-        return tree
-    with model:
-        extra = pm.sample_prior_predictive(draws=1, random_seed=0, var_names=[])
-    for group in missing:
-        if group in extra.children:
-            tree[group] = extra[group].to_dataset()
+    coords, dims = coords_and_dims_for_inferencedata(model)
+    for group, values in (("constant_data", find_constants), ("observed_data", find_observations)):
+        if group not in tree.children:
+            tree[group] = xr.DataTree(dict_to_dataset(values(model), inference_library=pymc,
+                                                      coords=coords, dims=dims, sample_dims=[]))
     return tree
 
 
@@ -281,13 +303,18 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
         raise InputError(problems)
     spec = _resolve_spec(spec, tables)
     sampler = _resolve_sampler(sampler)
+    if sampler == "nutpie" and tune == 0:  # nutpie's adaptation panics without warm-up
+        raise InputError(Problem("fit", "tune", "nutpie needs tune >= 1; use sampler='pymc' "
+                                 "to sample without warm-up", example=tune))
     prepared = prepare(tables, spec)
     inventory = kernel_inventory(_combined_table(tables))
     model = build(prepared, spec)
 
+    digest = input_digest(tables)
     start = time.perf_counter()
     tree = _sample(model, sampler, draws=int(draws), tune=int(tune), chains=int(chains),
-                   random_seed=int(random_seed), progress=progress)
+                   random_seed=int(random_seed), progress=progress,
+                   cache_key=(spec.spec_hash(), digest))
     seconds = time.perf_counter() - start
 
     tree["inventory"] = inventory
@@ -302,7 +329,7 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
         "model_kind": spec.kind,
         "spec": json.dumps(spec_dict, sort_keys=True),
         "spec_hash": spec.spec_hash(),
-        "input_digest": input_digest(tables),
+        "input_digest": digest,
         "sampler": sampler,
         "seconds": float(seconds),
         "draws": int(draws),

@@ -121,11 +121,12 @@ def check_artifact(tree: xr.DataTree, source: str = "artifact") -> None:
         raise ArtifactError(Problem(source, "bayesprism_version",
                                     "not a bayesprism artifact (the attribute is missing)"))
     version = attrs.get("schema_version")
+    version = version.item() if hasattr(version, "item") else version
     if version is None or str(version) != str(ARTIFACT_SCHEMA_VERSION):
         raise ArtifactError(Problem(source, "schema_version",
                                     f"artifact schema version {version!r} is not supported; this "
                                     f"bayesprism reads version {ARTIFACT_SCHEMA_VERSION}: refit "
-                                    "with this version", example=version))
+                                    "with this version"))
     if "spec" in attrs:
         from bayesprism.spec import ModelSpec
 

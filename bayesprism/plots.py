@@ -204,8 +204,8 @@ def plot_ppc(
         ax.ecdf(predicted, color="#1f77b4", linewidth=2, alpha=0.7, label="predicted")
         ax.ecdf(observed, color="black", linewidth=1.2, label="observed")
         ax.set_xscale("log")
-        # narrow ranges on a log axis get crowded minor labels: label 1-2-5 ticks only
-        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        # narrow ranges on a log axis get crowded minor labels: label 1-2-3-5 ticks only
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
         n = numbers.get(cls, {})
@@ -269,7 +269,9 @@ def plot_unit_effects(
             fontsize=8,
             style="italic",
         )
-    ax.set_xlabel(f"standardised {name} effect (population sd; > 0 means slower)")
+    ax.set_xlabel(
+        f"standardised {name if level == 'gpu' else level} effect (population sd; > 0 means slower)"
+    )
     ax.set_ylabel(level)
     ax.legend(
         handles=[
@@ -308,6 +310,7 @@ def plot_forecast_fan(
     ``summary`` is the forecast summary ``{"plans": [...]}`` (``step_time_s`` quantiles).
     """
     fig, ax = plt.subplots(figsize=(8, 4.8))
+    lows, highs = [], []
     for i, (label, plans) in enumerate(_by_layout(summary["plans"]).items()):
         color = f"C{i}"
         gpus = [p["gpus"] for p in plans]
@@ -315,6 +318,8 @@ def plot_forecast_fan(
             key: [p["step_time_s"][key] for p in plans]
             for key in ("p05", "p25", "p50", "p75", "p95")
         }
+        lows += q["p05"]
+        highs += q["p95"]
         ax.fill_between(
             gpus, q["p05"], q["p95"], color=color, alpha=0.18, label=f"{label}: 90% interval"
         )
@@ -329,7 +334,12 @@ def plot_forecast_fan(
             )
     ax.set_xscale("log")
     ax.set_xlabel("GPUs (log scale)")
-    ax.set_ylabel("step time (s)")
+    # step time growing by orders of magnitude flattens the small plans: switch to log y
+    if lows and min(lows) > 0 and max(highs) / min(lows) > 20:
+        ax.set_yscale("log")
+        ax.set_ylabel("step time (s, log scale)")
+    else:
+        ax.set_ylabel("step time (s)")
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3, which="both")
     return _save(fig, path, title)

@@ -9,11 +9,8 @@ the same way everywhere: seconds with 4 significant digits (``f"{x:.4g}"``), pro
 
 from __future__ import annotations
 
-import base64
 import datetime as _dt
-import html
 import json
-import math
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -21,60 +18,24 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from bayesprism.report_sections import (
+    CSS,
+    PLAN_FIELDS,
+    esc,
+    fmt_p,
+    fmt_s,
+    section_data,
+    section_diagnostics,
+    section_forecast,
+    section_placement,
+    section_sensitivity,
+    section_slowdown,
+    section_variance,
+)
+
+__all__ = ["data_summary", "fmt_p", "fmt_s", "forecast_summary", "write_report"]
+
 QUANTILE_KEYS = {"p05": 0.05, "p25": 0.25, "p50": 0.5, "p75": 0.75, "p95": 0.95, "p99": 0.99}
-LEVEL_NAMES = {"node": "Node", "gpu": "GPU", "cabinet": "Cabinet"}
-PLAN_FIELDS = ("gpus", "dp", "tp", "pp", "cp", "ep", "microbatches", "schedule")
-
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
-max-width:1100px;color:#222;line-height:1.4;padding:0 1em}
-h1{border-bottom:2px solid #444}h2{border-bottom:1px solid #bbb;margin-top:2em}
-table{border-collapse:collapse;margin:0.8em 0;font-size:0.9em}
-th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
-th{background:#f0f0f0}td.t,th.t{text-align:left}
-.ok{color:#1e7b34;font-weight:bold}.bad{color:#b3261e;font-weight:bold}
-img{max-width:100%;display:block;margin:0.8em 0}
-pre{background:#f6f6f6;padding:0.8em;overflow-x:auto}
-.note{color:#555;font-size:0.9em}
-"""
-
-
-# ------------------------------------------------------------------------------------ format
-def fmt_s(x) -> str:
-    """Seconds (or any duration) with 4 significant digits; ``–`` for missing values."""
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "–"
-    return f"{float(x):.4g}"
-
-
-def fmt_p(x) -> str:
-    """A probability with 3 decimals; ``–`` for missing values."""
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "–"
-    return f"{float(x):.3f}"
-
-
-def _esc(value) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence], text_columns: int = 1) -> str:
-    """An HTML table; the first ``text_columns`` columns are left-aligned. Cells are escaped."""
-
-    def cell(tag: str, i: int, value) -> str:
-        cls = ' class="t"' if i < text_columns else ""
-        return f"<{tag}{cls}>{_esc(value)}</{tag}>"
-
-    head = "".join(cell("th", i, h) for i, h in enumerate(header))
-    body = "".join(
-        "<tr>" + "".join(cell("td", i, v) for i, v in enumerate(row)) + "</tr>" for row in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _img(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return f'<img alt="{_esc(alt)}" src="data:image/png;base64,{data}">'
 
 
 # ------------------------------------------------------------------------------- values used
@@ -209,348 +170,6 @@ def forecast_summary(forecast: xr.DataTree) -> dict:
     return summarize_forecast(forecast)
 
 
-# ----------------------------------------------------------------------------------- sections
-def _section_data(summary: dict) -> str:
-    plan = summary["traced_plan"]
-    rows = [
-        ("runs", ", ".join(summary["runs"]) or "–"),
-        ("platform", summary["platform"] or "–"),
-        ("ranks traced", summary["ranks"] if summary["ranks"] is not None else "–"),
-        ("nodes", summary["nodes"] if summary["nodes"] is not None else "–"),
-        ("GPUs with fitted effects", summary["gpus"] if summary["gpus"] is not None else "–"),
-        ("steps", summary["steps"] if summary["steps"] is not None else "–"),
-        ("kernels", summary["kernels"] if summary["kernels"] is not None else "–"),
-        ("kernel classes", ", ".join(summary["kernel_classes"]) or "–"),
-        ("traced plan", " ".join(f"{k}={v}" for k, v in plan.items()) or "–"),
-        ("model", summary["model_kind"] or "–"),
-        (
-            "sampler",
-            f"{summary['sampler']} ({summary['chains']} chains × {summary['draws']} "
-            f"draws, {summary['tune']} tuning)",
-        ),
-        ("bayesprism version", summary["bayesprism_version"] or "–"),
-        ("spec hash / input digest", f"{summary['spec_hash']} / {summary['input_digest']}"),
-    ]
-    return "<h2 id='data'>Data summary</h2>" + _table(["item", "value"], rows, text_columns=2)
-
-
-def _section_diagnostics(diagnosis, figures: dict[str, Path]) -> str:
-    verdict = (
-        "<p class='ok'>The fit passed every check.</p>"
-        if diagnosis.ok
-        else "<p class='bad'>The fit cannot be trusted yet; see the problems below.</p>"
-    )
-    t = diagnosis.thresholds
-    rows = [
-        ("max R-hat", f"{diagnosis.max_rhat:.3f}", f"≤ {t.get('rhat_max', '–')}"),
-        ("min bulk ESS", f"{diagnosis.min_ess_bulk:.0f}", f"≥ {t.get('min_ess', 0):.0f}"),
-        ("min tail ESS", f"{diagnosis.min_ess_tail:.0f}", f"≥ {t.get('min_ess', 0):.0f}"),
-        ("divergences", diagnosis.divergences, "0"),
-        (
-            "min BFMI",
-            "–" if diagnosis.bfmi_min is None else f"{diagnosis.bfmi_min:.2f}",
-            f"≥ {t.get('bfmi_min', '–')}",
-        ),
-    ]
-    parts = [
-        "<h2 id='diagnostics'>Fit diagnostics</h2>",
-        verdict,
-        _table(["check", "value", "limit"], rows),
-    ]
-    if diagnosis.problems:
-        parts.append(
-            "<h3>Problems</h3><ul>"
-            + "".join(f"<li>{_esc(p)}</li>" for p in diagnosis.problems)
-            + "</ul>"
-        )
-    if diagnosis.notes:
-        parts.append(
-            "<ul class='note'>" + "".join(f"<li>{_esc(n)}</li>" for n in diagnosis.notes) + "</ul>"
-        )
-    worst = diagnosis.convergence.head(10)
-    if len(worst):
-        parts.append(
-            "<h3>Worst-mixing parameters</h3>"
-            + _table(
-                ["parameter", "R-hat", "bulk ESS", "tail ESS"],
-                [
-                    (r.element, f"{r.r_hat:.3f}", f"{r.ess_bulk:.0f}", f"{r.ess_tail:.0f}")
-                    for r in worst.itertuples()
-                ],
-            )
-        )
-    for key, alt in (("trace", "trace plot"), ("rank", "rank plot")):
-        if key in figures:
-            parts.append(_img(figures[key], alt))
-    if diagnosis.ppc:
-        parts.append(
-            "<h3>Posterior predictive check against the traced run</h3>"
-            + _table(
-                [
-                    "kernel class",
-                    "cells",
-                    "KS distance",
-                    "50% coverage",
-                    "90% coverage",
-                    "observed median (µs)",
-                    "predicted median (µs)",
-                ],
-                [
-                    (
-                        cls,
-                        v["n_cells"],
-                        f"{v['ks_distance']:.3f}",
-                        f"{v['coverage_50']:.0%}",
-                        f"{v['coverage_90']:.0%}",
-                        f"{v['observed_median_us']:.4g}",
-                        f"{v['predicted_median_us']:.4g}",
-                    )
-                    for cls, v in diagnosis.ppc.items()
-                ],
-            )
-        )
-        if "ppc" in figures:
-            parts.append(_img(figures["ppc"], "posterior predictive check"))
-    if diagnosis.step_time_check:
-        s = diagnosis.step_time_check
-        parts.append(
-            "<h3>Traced step time vs prediction</h3>"
-            + _table(
-                [
-                    "steps",
-                    "observed median (s)",
-                    "predicted median (s)",
-                    "predicted 90% interval (s)",
-                    "90% coverage",
-                    "KS distance",
-                ],
-                [
-                    (
-                        s["n_steps"],
-                        fmt_s(s["observed_median_s"]),
-                        fmt_s(s["predicted_median_s"]),
-                        f"{fmt_s(s['predicted_p05_s'])} – {fmt_s(s['predicted_p95_s'])}",
-                        f"{s['coverage_90']:.0%}",
-                        f"{s['ks_distance']:.3f}",
-                    )
-                ],
-            )
-        )
-    for level in diagnosis.unit_effects:
-        if f"effects_{level}" in figures:
-            table = diagnosis.unit_effects[level]
-            marked = table[table["excludes_zero"]]
-            parts.append(
-                f"<h3>{_esc(LEVEL_NAMES.get(level, level))} effects</h3><p>"
-                f"{len(marked)} of {len(table)} units have a 90% interval that "
-                "excludes 0"
-                + (": " + _esc(", ".join(marked["unit"].head(20))) if len(marked) else "")
-                + ".</p>"
-            )
-            parts.append(_img(figures[f"effects_{level}"], f"{level} effects"))
-    return "\n".join(parts)
-
-
-def _section_variance(diagnosis, figures: dict[str, Path]) -> str:
-    table = diagnosis.variance_components
-    if not len(table):
-        return (
-            "<h2 id='variance'>Variance decomposition</h2><p class='note'>This posterior has "
-            "no per-class loadings.</p>"
-        )
-    rows = [
-        (
-            r.kernel_class,
-            r.level,
-            f"{r.q50:.3g}",
-            f"{r.q05:.3g} – {r.q95:.3g}",
-            f"{r.share_q50:.0%}",
-            f"{r.share_q05:.0%} – {r.share_q95:.0%}",
-        )
-        for r in table.itertuples()
-    ]
-    parts = [
-        "<h2 id='variance'>Variance decomposition</h2>",
-        "<p>Loading of each level (sd of log duration it contributes) and its share of the "
-        "class's log-duration variance; medians with 90% intervals.</p>",
-        _table(
-            ["kernel class", "level", "loading", "loading 90%", "share", "share 90%"],
-            rows,
-            text_columns=2,
-        ),
-    ]
-    if "variance" in figures:
-        parts.append(_img(figures["variance"], "variance components"))
-    return "\n".join(parts)
-
-
-def _plan_label(plan: Mapping) -> str:
-    return " ".join(f"{k}={plan[k]}" for k in PLAN_FIELDS[1:] if k in plan)
-
-
-def _section_forecast(summary: dict, figures: dict[str, Path]) -> str:
-    plans = summary["plans"]
-    rows = []
-    for p in plans:
-        s = p["step_time_s"]
-        rows.append(
-            (
-                p.get("name", ""),
-                _plan_label(p),
-                p.get("gpus", "–"),
-                fmt_s(s["mean"]),
-                fmt_s(s["p05"]),
-                fmt_s(s["p50"]),
-                fmt_s(s["p95"]),
-                fmt_s(s["p99"]),
-                f"{fmt_s(s['ci90'][0])} – {fmt_s(s['ci90'][1])}",
-                fmt_s(p.get("ideal_step_time_s")),
-            )
-        )
-    parts = [
-        "<h2 id='forecast'>Forecasts</h2>",
-        "<p>Step time in seconds: posterior predictive quantiles over parameter "
-        "uncertainty and step-to-step variability; <em>mean: 90% CI</em> is the credible "
-        "interval of the mean step time (parameter uncertainty only); <em>ideal</em> is the "
-        "variability-free step time of the plan.</p>",
-        _table(
-            ["plan", "layout", "GPUs", "mean", "p05", "p50", "p95", "p99", "mean: 90% CI", "ideal"],
-            rows,
-            text_columns=2,
-        ),
-    ]
-    if "fan" in figures:
-        parts.append(_img(figures["fan"], "forecast fan chart"))
-    if any("training_time_s" in p for p in plans):
-        parts.append(
-            "<h3>Training time (s)</h3>"
-            + _table(
-                ["plan", "p05", "p50", "p95", "mean: 90% CI"],
-                [
-                    (
-                        p.get("name", ""),
-                        fmt_s(p["training_time_s"]["p05"]),
-                        fmt_s(p["training_time_s"]["p50"]),
-                        fmt_s(p["training_time_s"]["p95"]),
-                        f"{fmt_s(p['training_time_s']['ci90'][0])} – "
-                        f"{fmt_s(p['training_time_s']['ci90'][1])}",
-                    )
-                    for p in plans
-                    if "training_time_s" in p
-                ],
-            )
-        )
-    deadlines = list(plans[0].get("finish_probability", {})) if plans else []
-    if deadlines:
-        parts.append(
-            "<h3>Probability of finishing within the deadline</h3>"
-            + _table(
-                ["plan", *(f"P(≤ {d} s)" for d in deadlines)],
-                [
-                    (p.get("name", ""), *(fmt_p(p["finish_probability"].get(d)) for d in deadlines))
-                    for p in plans
-                ],
-            )
-        )
-    parts.append(
-        "<h3>Where the time goes (mean seconds per step)</h3>"
-        + _table(
-            ["plan", "compute", "exposed communication", "bubble", "waiting"],
-            [
-                (
-                    p.get("name", ""),
-                    *(
-                        fmt_s(p.get("breakdown_s", {}).get(k))
-                        for k in ("compute", "exposed_comm", "bubble", "wait")
-                    ),
-                )
-                for p in plans
-            ],
-        )
-    )
-    if "breakdown" in figures:
-        parts.append(_img(figures["breakdown"], "step-time breakdown"))
-    return "\n".join(parts)
-
-
-def _section_slowdown(summary: dict, figures: dict[str, Path]) -> str:
-    plans = summary["plans"]
-    thresholds = list(plans[0].get("slowdown_probability", {})) if plans else []
-    parts = [
-        "<h2 id='slowdown'>Slowdown probabilities</h2>",
-        "<p>P(step time &gt; x × the plan's variability-free step time).</p>",
-    ]
-    if thresholds:
-        parts.append(
-            _table(
-                ["plan", "GPUs", *(f"P(> {t}×)" for t in thresholds)],
-                [
-                    (
-                        p.get("name", ""),
-                        p.get("gpus", "–"),
-                        *(fmt_p(p["slowdown_probability"].get(t)) for t in thresholds),
-                    )
-                    for p in plans
-                ],
-            )
-        )
-    if "slowdown" in figures:
-        parts.append(_img(figures["slowdown"], "slowdown probability"))
-    return "\n".join(parts)
-
-
-def _section_sensitivity(sensitivity: Mapping) -> str:
-    rows = []
-    for c in sensitivity.get("contributions", []):
-        ci = c.get("p95_delta_ci90") or [None, None]
-        rows.append(
-            (
-                c.get("factor", ""),
-                c.get("level", ""),
-                fmt_s(c.get("p95_delta_s")),
-                f"{fmt_s(ci[0])} – {fmt_s(ci[1])}",
-                fmt_p(c.get("slowdown_p_delta")),
-            )
-        )
-    return (
-        "<h2 id='sensitivity'>Sensitivity: what drives the tail</h2>"
-        "<p>Change of the p95 step time and of the slowdown probability when the factor's "
-        "variability is removed.</p>"
-        + _table(
-            ["factor", "level", "Δ p95 (s)", "Δ p95 90% interval (s)", "Δ P(slowdown)"],
-            rows,
-            text_columns=2,
-        )
-    )
-
-
-def _section_placement(placement: Mapping) -> str:
-    ci = placement.get("gain_vs_random_ci90") or [None, None]
-    rows = [
-        ("gain vs random placement (s per step)", fmt_s(placement.get("gain_vs_random"))),
-        ("90% interval", f"{fmt_s(ci[0])} – {fmt_s(ci[1])}"),
-        ("gain vs worst placement (s per step)", fmt_s(placement.get("gain_vs_worst"))),
-    ]
-    parts = ["<h2 id='placement'>Node placement</h2>", _table(["quantity", "value"], rows)]
-    drain = placement.get("drain") or []
-    parts.append(
-        "<p>Nodes to drain: " + (_esc(", ".join(str(d) for d in drain)) or "none") + ".</p>"
-    )
-    assignment = placement.get("assignment") or {}
-    items = (
-        list(assignment.items()) if isinstance(assignment, Mapping) else list(enumerate(assignment))
-    )
-    if items:
-        shown = items[:50]
-        parts.append(_table(["slot", "node"], shown, text_columns=2))
-        if len(items) > len(shown):
-            parts.append(
-                f"<p class='note'>… {len(items) - len(shown)} more assignments in the "
-                "placement JSON.</p>"
-            )
-    return "\n".join(parts)
-
-
 # ---------------------------------------------------------------------------------- the report
 def _figures(posterior, diagnosis, summary, workdir: Path) -> dict[str, Path]:
     """Draw every figure the report shows into ``workdir``."""
@@ -653,20 +272,20 @@ def write_report(
     with tempfile.TemporaryDirectory(prefix="bayesprism-report-") as tmp:
         figures = _figures(posterior, diagnosis, summary, Path(tmp))
         sections = [
-            _section_data(data_summary(posterior)),
-            _section_diagnostics(diagnosis, figures),
-            _section_variance(diagnosis, figures),
+            section_data(data_summary(posterior)),
+            section_diagnostics(diagnosis, figures),
+            section_variance(diagnosis, figures),
         ]
         if summary is not None:
-            sections += [_section_forecast(summary, figures), _section_slowdown(summary, figures)]
+            sections += [section_forecast(summary, figures), section_slowdown(summary, figures)]
         if sensitivity is not None:
-            sections.append(_section_sensitivity(sensitivity))
+            sections.append(section_sensitivity(sensitivity))
         if placement is not None:
-            sections.append(_section_placement(placement))
+            sections.append(section_placement(placement))
     sections.append(
         "<h2 id='commands'>Commands</h2>"
         + (
-            "<pre>" + "\n".join(_esc(c) for c in commands) + "</pre>"
+            "<pre>" + "\n".join(esc(c) for c in commands) + "</pre>"
             if commands
             else "<p class='note'>No commands were recorded.</p>"
         )
@@ -675,9 +294,9 @@ def write_report(
     document = (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         "<title>bayesprism report</title>"
-        f"<style>{_CSS}</style></head><body>"
+        f"<style>{CSS}</style></head><body>"
         f"<h1>bayesprism report</h1><p class='note'>Written {stamp} by bayesprism "
-        f"{_esc(_version())}.</p>" + "\n".join(sections) + "</body></html>\n"
+        f"{esc(_version())}.</p>" + "\n".join(sections) + "</body></html>\n"
     )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

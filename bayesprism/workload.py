@@ -42,6 +42,10 @@ Notation: the traced plan (``inventory.attrs["traced_plan"]``) is ``dp0, tp0, pp
   ReduceScatter/AllGather without fitted cost parameters use the AllReduce parameters.
 * A group spans nodes (inter tier) when its rank span exceeds ``gpus_per_node``; ranks are
   ordered tp fastest, then cp, dp, pp (Megatron), node = rank // gpus_per_node.
+* GPU idle time inside a traced step (host work, launch gaps): the median over traced
+  (step, rank) of ``traced_step_time_us`` minus the rank's expected kernel time is added to
+  every step unchanged (not scaled; its rank-to-rank spread is not modelled). With
+  cost-modelled collectives the traced waiting inside them also lands in this gap.
 * Collective kernels without a cost model keep their kernel-model duration
   (``exp(kernel_log_median)``, group size as traced) and are counted as exposed communication.
 
@@ -87,7 +91,55 @@ def _traced_plan(inventory: xr.Dataset) -> dict:
     plan = json.loads(raw) if isinstance(raw, str) else dict(raw)
     out = {k: int(plan.get(k) or 1) for k in ("dp", "tp", "pp", "cp", "ep", "microbatches")}
     out["sharding"] = plan.get("sharding") or "none"
+    out["gpus_per_node"] = int(plan.get("gpus_per_node") or 8)
     return out
+
+
+def _traced_idle_us(
+    group: xr.Dataset, inventory: xr.Dataset, modelled: set[str], traced_gpn: int
+) -> np.ndarray:
+    """Per draw, the median over traced (step, rank) of span minus expected busy time (>= 0).
+
+    The busy time of a traced rank is the sum over its kernels of launches times the mean
+    duration (``exp(kernel_log_median + resid_scale^2 / 2)``; cost-modelled collectives: the
+    mean ring transfer at the traced group size and bytes). Zeros when the inventory has no
+    ``traced_step_time_us`` or ``launches``.
+    """
+    draws = int(group.sizes["chain"] * group.sizes["draw"])
+    if "traced_step_time_us" not in inventory or "launches" not in inventory:
+        return np.zeros(draws)
+    launches = inventory["launches"].fillna(0.0)
+    names = launches["kernel"].to_numpy().astype(str)
+    classes = inventory["kernel_class"].sel(kernel=names).to_numpy().astype(str)
+    medians = set(group["kernel_log_median"]["kernel"].to_numpy().astype(str))
+    class_names = (set(group["kernel_class"].to_numpy().astype(str))
+                   if "kernel_class" in group.coords else set())
+    mean_us = np.zeros((draws, names.size))
+    for k, (name, cls) in enumerate(zip(names, classes, strict=True)):
+        if name in medians:
+            log_mean = flat_draws(group["kernel_log_median"].sel(kernel=name))
+            if "resid_scale" in group and cls in class_names:
+                resid = flat_draws(group["resid_scale"].sel(kernel_class=cls))
+                log_mean = log_mean + 0.5 * resid**2
+            mean_us[:, k] = np.exp(log_mean)
+        elif cls in modelled and "coll_latency_us" in group:
+            size = float(inventory["group_size"].sel(kernel=name)) if (
+                "group_size" in inventory) else 2.0
+            nbytes = float(inventory["bytes_per_launch"].sel(kernel=name)) if (
+                "bytes_per_launch" in inventory) else 0.0
+            size = size if np.isfinite(size) and size >= 2 else 2.0
+            tier = "inter" if size > traced_gpn else "intra"
+            source = cls if cls in group["coll_latency_us"]["collective"] else "allreduce"
+            params = {name: flat_draws(group[name].sel(collective=source, tier=tier))
+                      for name in ("coll_latency_us", "coll_bandwidth_gbps")}
+            mean_us[:, k] = collectives.transfer_time_us(
+                cls, size, np.nan_to_num(nbytes), params["coll_latency_us"],
+                params["coll_bandwidth_gbps"])
+    busy = xr.DataArray(mean_us, dims=("sample", "kernel"), coords={"kernel": names})
+    busy = (busy * launches).sum("kernel")
+    gap = inventory["traced_step_time_us"] - busy
+    gap = gap.median([d for d in gap.dims if d != "sample"], skipna=True)
+    return np.clip(np.nan_to_num(gap.to_numpy(), nan=0.0), 0.0, None)
 
 
 def _collective_model(posterior: xr.DataTree, group: xr.Dataset) -> set[str]:
@@ -128,6 +180,7 @@ class PlanModel:
     resid_mu: np.ndarray  # mean of the per-rank-step residual log factor
     resid_sd: np.ndarray
     comms: list[CommTerm] = field(default_factory=list)
+    idle_us: np.ndarray | float = 0.0  # traced GPU idle time inside a step, carried over
 
     @property
     def draws(self) -> int:
@@ -365,6 +418,8 @@ def build_plan_model(
             for kind in kinds:
                 comm_specs.append((kind, "dp", dp_group, per_bucket, buckets, tier))
 
+    idle = _traced_idle_us(group, inventory, modelled, traced["gpus_per_node"])
+    idle = np.median(idle, keepdims=True) if typical else idle
     comms = [_comm_term(group, spec, per_draw, typical, cluster) for spec in comm_specs]
     for cls, det in fallback:
         zeros = np.zeros(draws)
@@ -379,6 +434,7 @@ def build_plan_model(
         resid_mu=resid_mu,
         resid_sd=resid_sd,
         comms=comms,
+        idle_us=idle,
     )
 
 

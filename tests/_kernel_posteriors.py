@@ -35,6 +35,7 @@ def kernel_posterior(
     coll_congestion: float = 0.0,
     measured_nodes: dict[str, float] | None = None,
     gpus_per_node: int = 8,
+    spans_us: list[float] | None = None,
 ) -> xr.DataTree:
     """A one-chain kernel-level posterior.
 
@@ -42,6 +43,8 @@ def kernel_posterior(
     "group"}`` (the last two for collectives). ``scales`` maps a level (``node``, ``gpu``,
     ``step``, ``gpustep``, ``resid``) to per-class loadings (missing classes: 0). Collective
     cost parameters are per tier (``{"intra": .., "inter": ..}``) and shared by every class.
+    ``spans_us`` gives one traced step's span on each traced rank (every rank launching
+    ``launches_per_step`` of each kernel), which adds ``launches`` and ``traced_step_time_us``.
     """
     traced_plan = {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "microbatches": 1,
                    "gpus_per_node": gpus_per_node, **(traced_plan or {})}
@@ -96,6 +99,13 @@ def kernel_posterior(
         coords={"kernel": names},
         attrs={"traced_plan": json.dumps(traced_plan), "run": "synthetic", "platform": "test"},
     )
+    if spans_us is not None:
+        ranks = np.arange(len(spans_us))
+        per_kernel = inventory["launches_per_step"].to_numpy()[:, None]
+        inventory["launches"] = (("kernel", "rank"), np.repeat(per_kernel, ranks.size, axis=1))
+        inventory["traced_step_time_us"] = (("step_unit", "rank"),
+                                            np.asarray(spans_us, dtype=float)[None, :])
+        inventory = inventory.assign_coords(rank=ranks, step_unit=["synthetic/0"])
     spec = ModelSpec.default()
     root_attrs = {"model_kind": "kernel", "bayesprism_version": __version__,
                   "schema_version": SCHEMA_VERSION, "spec": json.dumps(spec.to_dict()),

@@ -13,7 +13,7 @@ from bayesprism.schema import empty_attrs, validate_table
 #: Kernels of the tiny table: (name, class, median µs).
 KERNELS = (("gemm_a", "gemm", 200.0), ("ew_b", "elementwise", 30.0),
            ("nccl_ar", "allreduce", 80.0))
-GPU_EFFECT = {("n0", 0): 0.08, ("n0", 1): -0.04, ("n1", 0): 0.02, ("n1", 1): -0.06}
+GPU_EFFECT = {("n0", 0): 0.15, ("n0", 1): -0.05, ("n1", 0): 0.05, ("n1", 1): -0.15}
 
 
 def tiny_kernel_table(seed: int = 0, steps: int = 8, occurrences: int = 3) -> pd.DataFrame:
@@ -50,7 +50,7 @@ def tiny_spec():
 
 
 @functools.cache
-def fitted(sampler: str = "pymc", draws: int = 100, tune: int = 150, seed: int = 0):
+def fitted(sampler: str = "pymc", draws: int = 200, tune: int = 200, seed: int = 0):
     """One fit per argument set and session (the compile is shared too)."""
     from bayesprism import fit
 

@@ -201,6 +201,7 @@ def test_fast_path_max_over_gpus_of_a_node():
 @pytest.mark.parametrize("plan", [
     ParallelPlan(dp=64, tp=8, pp=4, microbatches=8),
     ParallelPlan(dp=16, tp=8, pp=16, microbatches=32),
+    ParallelPlan(dp=64, tp=4, pp=4, ep=8, microbatches=8, schedule="zero-bubble"),
 ], ids=lambda p: p.name)
 def test_fast_path_quantiles_within_one_percent_of_exact(plan):
     post = gemm_only(draws=300, scales=VARIABLE)
@@ -244,3 +245,33 @@ def test_cluster_tier_override_replaces_the_fitted_link():
         intra = compose(post, ParallelPlan(dp=16), replicates=1, rng=np.random.default_rng(0),
                         cluster=Cluster(gpus_per_node=16, tiers=cluster.tiers))
     np.testing.assert_allclose(intra.exposed_comm_s, 2 * (5 * 30 + 1e8 * 30 / 16 / 100e3) * 1e-6)
+
+
+def test_expert_parallel_replicas_advance_together():
+    # 4 nodes of 8 GPUs: node = dp index + 2 * stage; nodes "a" (replica 0, stage 0) and
+    # "d" (replica 1, stage 1) are slow. Each replica alone has one slow stage; with ep = 2 the
+    # two replicas exchange tokens every layer, so both stages run at the slow pace.
+    post = gemm_only(draws=2, scales={"node": {"gemm": 0.1}},
+                     measured_nodes={"a": 5.0, "b": 0.0, "c": 0.0, "d": 5.0})
+    cluster = Cluster(nodes=("a", "b", "c", "d"))
+    slow = np.exp(0.5)
+    slot = 1000e-6 / (8 * 2)  # F + B of one micro-batch on a stage (tp 8, pp 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)
+        coupled = compose(post, ParallelPlan(dp=2, ep=2, tp=8, pp=2, microbatches=4),
+                          replicates=1, rng=np.random.default_rng(0), cluster=cluster)
+        alone = compose(post, ParallelPlan(dp=2, tp=8, pp=2, microbatches=4), replicates=1,
+                        rng=np.random.default_rng(0), cluster=cluster)
+    np.testing.assert_allclose(coupled.step_time_s, (4 + 1) * slot * slow)
+    assert np.all(alone.step_time_s < coupled.step_time_s - 0.1 * slot)
+
+
+def test_traced_gpu_idle_time_is_carried_over_per_step():
+    # busy 10 x 100 us per rank; spans 1500, 1700, 1600 us: median idle 600 us per step
+    post = gemm_only(draws=3, spans_us=[1500.0, 1700.0, 1600.0])
+    steps = compose(post, ParallelPlan(pp=2, microbatches=4, schedule="gpipe"), replicates=1,
+                    rng=np.random.default_rng(0))
+    slot = 1000.0 / 2  # F + B per micro-batch on a stage of half the layers
+    np.testing.assert_allclose(steps.step_time_s, ((4 + 1) * slot + 600.0) * 1e-6)
+    np.testing.assert_allclose(steps.compute_s, (4 * slot + 600.0) * 1e-6)
+    assert steps.ideal_step_time_s == pytest.approx(((4 + 1) * slot + 600.0) * 1e-6)

@@ -18,7 +18,7 @@ def test_fit_cli_json_summary(tmp_path, capsys):
     spec.write_text(tiny_spec().to_toml())
     out = tmp_path / "post.nc"
     code = main(["fit", str(table), "-o", str(out), "--model", str(spec), "--draws", "60",
-                 "--tune", "100", "--sampler", "pymc", "--seed", "1", "--json", "--quiet"])
+                 "--tune", "100", "--sampler", "nutpie", "--seed", "1", "--json", "--quiet"])
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert {"max_rhat", "min_ess_bulk", "divergences", "seconds", "variance_components",

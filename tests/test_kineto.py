@@ -232,3 +232,29 @@ def test_gpu_user_annotation_ranges_when_launches_are_missing(tmp_path):
     # Kernels at 1100, 1185 in step 3; 1250 starts after step 3 ends (1240); 1360 in step 4.
     assert df.sort_values("start_us")["step"].tolist() == [3, 3, 4]
     assert report["skipped"] == {"kernel outside any ProfilerStep": 1}
+
+
+@pytest.mark.parametrize("slice_bytes", [4096, 1 << 20])
+def test_streamed_decoding_equals_whole_file_decoding(shared_data, monkeypatch, slice_bytes):
+    from bayesprism.ingest import kineto_json
+
+    monkeypatch.setattr(kineto_json, "SLICE_BYTES", slice_bytes)
+    paths = sorted((shared_data / "kineto" / "param_dlrm_8rank").glob("*.json.gz"))[:2] + [
+        shared_data / "kineto/hta/nccl_parser_config/nccl_data.json.gz"]
+    for path in paths:
+        stream = kineto_json.StreamedTrace(path)
+        streamed = kineto_json.scan_events(stream.slices())
+        meta, events = kineto_json.load_trace(path)
+        assert streamed == kineto_json.scan_events(iter([events]))
+        assert stream.metadata.distributedInfo == meta.distributedInfo
+        assert stream.metadata.deviceProperties == meta.deviceProperties
+
+
+def test_other_layouts_fall_back_to_whole_file_decoding():
+    from bayesprism.ingest import kineto_json
+
+    # The golden files put one event per line: not the profiler's layout.
+    with pytest.raises(kineto_json.SliceLayoutError):
+        list(kineto_json.StreamedTrace(GOLDEN_FILES[0]).slices())
+    df, _ = read_kineto(GOLDEN_FILES[0])
+    assert len(df) == 5

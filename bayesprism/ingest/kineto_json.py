@@ -173,31 +173,41 @@ class StreamedTrace:
             gz = raw_fh.read(2) == b"\x1f\x8b"
             raw_fh.seek(0)
             fh = gzip.GzipFile(fileobj=raw_fh) if gz else raw_fh
-            head = fh.read(SLICE_BYTES)
-            key = head.find(ARRAY_START)
+            buf = bytearray(fh.read(SLICE_BYTES))
+            key = buf.find(ARRAY_START)
             if key < 0:
                 raise SliceLayoutError
-            prefix = head[:key + len(ARRAY_START) - 1]  # up to '"traceEvents": '
-            pending = head[key + len(ARRAY_START):]
-            eof = False
+            prefix = bytes(buf[:key + len(ARRAY_START) - 1])  # up to '"traceEvents": '
+            # pos: the byte before the next event ("[" or ","). Each slice is decoded in place
+            # as a JSON list by writing "[" there and "]" over the byte after its last event.
+            pos = key + len(ARRAY_START) - 1
             while True:
-                end = pending.find(ARRAY_END)
+                cut = buf.rfind(EVENT_BOUNDARY, pos)
+                # The array ends after its last event, so only the tail needs searching.
+                end = buf.find(ARRAY_END, max(pos, cut))
                 if end >= 0:
-                    last = pending[:end + 4]  # through the last event's "}"
-                    trailer = pending[end + len(ARRAY_END):] + fh.read()
-                    if last.strip():
-                        yield _EVENTS_DECODER.decode(b"[" + last + b"]")
+                    if buf[pos + 1:end + 4].strip():
+                        yield self._decode(buf, pos, end + 4)
+                    trailer = bytes(buf[end + len(ARRAY_END):]) + fh.read()
                     self.metadata = _HEADER_DECODER.decode(prefix + b"[]" + trailer)
                     return
-                cut = pending.rfind(EVENT_BOUNDARY)
-                if cut > 0:
-                    yield _EVENTS_DECODER.decode(b"[" + pending[:cut + 4] + b"]")
-                    pending = pending[cut + 5:]  # the next event starts after ","
-                if eof:
-                    raise SliceLayoutError  # no end of the array
+                if cut > pos:
+                    yield self._decode(buf, pos, cut + 4)
+                    pos = cut + 4  # the "," before the next event
                 block = fh.read(SLICE_BYTES)
-                eof = not block
-                pending += block
+                if not block:
+                    raise SliceLayoutError  # no end of the array
+                del buf[:pos]
+                pos = 0
+                buf += block
+
+    @staticmethod
+    def _decode(buf: bytearray, before: int, after: int) -> list[_Event]:
+        """Decode the events between ``buf[before]`` and ``buf[after]`` (both overwritten)."""
+        buf[before] = 0x5B  # "["
+        buf[after] = 0x5D  # "]"
+        with memoryview(buf) as view:
+            return _EVENTS_DECODER.decode(view[before:after + 1])
 
 
 @dataclass

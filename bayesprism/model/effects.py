@@ -47,14 +47,18 @@ def grouped_helmert(free, group: np.ndarray):
 
     group = np.asarray(group, dtype=np.int64)
     sizes = np.bincount(group)
-    out = pt.zeros(group.size)
+    parts, order = [], []
     for size in np.unique(sizes[group]):
         groups = np.flatnonzero(sizes == size)
         # (groups, size) positions of the units of every group with this many units
         positions = np.stack([np.flatnonzero(group == g) for g in groups])
         basis = helmert(int(size), full=True)  # row 0 = ones / sqrt(size)
-        out = pt.set_subtensor(out[positions], pt.dot(free[positions], basis))
-    return out
+        parts.append(pt.dot(free[positions.ravel()].reshape(positions.shape), basis).ravel())
+        order.append(positions.ravel())
+    # Gathers only (no scatter): cheaper to compile and to differentiate.
+    inverse = np.argsort(np.concatenate(order))
+    stacked = parts[0] if len(parts) == 1 else pt.concatenate(parts)
+    return stacked[inverse]
 
 
 def population_logp(effects, family: str, level: str, scale, spec: ModelSpec):
