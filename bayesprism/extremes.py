@@ -203,7 +203,13 @@ def _subset_params(params: dict, rows) -> dict:
 
 
 def top_node_log_multipliers(
-    law: RankLaw, posterior, n_new: int, size: int, top: int, rng: np.random.Generator
+    law: RankLaw,
+    posterior,
+    n_new: int,
+    size: int,
+    top: int,
+    rng: np.random.Generator,
+    uniforms: np.ndarray | None = None,
 ) -> np.ndarray:
     """Inverse-CDF draws (D, size, top) of the ``top`` largest of ``n_new`` new nodes' Y.
 
@@ -211,10 +217,14 @@ def top_node_log_multipliers(
     largest is the x with F(x) = U1^(1/N); the next ones follow the order statistics of
     uniforms, F(x_i) = F(x_(i-1)) * U_i^(1/(N-i+1)). F is computed per posterior draw
     (:class:`_NodeMaxLaw`) on an x grid, coarse then refined around the range of the maxima,
-    never by drawing N values.
+    never by drawing N values. ``uniforms`` (D, size, top) replaces the generator's uniforms
+    (e.g. correlated over replicates for a persistent cluster).
     """
     d = law.draws
-    log_cdf = np.cumsum(np.log(rng.random((d, size, top))) / (n_new - np.arange(top)), axis=-1)
+    if uniforms is None:
+        uniforms = rng.random((d, size, top))
+    log_u = np.log(np.clip(uniforms, 1e-300, 1.0))
+    log_cdf = np.cumsum(log_u / (n_new - np.arange(top)), axis=-1)
     target = np.log(np.maximum(-np.expm1(log_cdf), 1e-300)).reshape(d, size * top)
     out = np.empty((d, size * top))
     levels = np.log([min(0.5, (60.0 + 10 * top) / n_new), 1e-4 / n_new])

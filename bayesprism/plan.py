@@ -36,6 +36,7 @@ Unknown keys are errors (a typo never silently falls back to a default).
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 import warnings
 from collections.abc import Mapping
@@ -51,6 +52,12 @@ SHARDINGS: tuple[str, ...] = ("none", "zero1", "zero2", "fsdp")
 #: to reach their steady state.
 ONE_F_ONE_B_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "zero-bubble")
 TIER_KEYS: tuple[str, ...] = ("latency_us", "bandwidth_gbps")
+
+
+_AUTO_NAME = re.compile(
+    r"^dp\d+-tp\d+-pp\d+(-cp\d+)?(-ep\d+)?-m\d+(-v\d+)?"
+    r"-(gpipe|1f1b|interleaved-1f1b|zero-bubble)(-(zero1|zero2|fsdp))?$"
+)
 
 
 class PlanWarning(UserWarning):
@@ -130,7 +137,8 @@ class ParallelPlan:
             raise PlanError(problems)
         for note in notes:
             warnings.warn(note, PlanWarning, stacklevel=3)
-        if self.name is None:
+        # a generated name follows the layout, also through dataclasses.replace
+        if self.name is None or (_AUTO_NAME.match(self.name) and self.name != self.describe()):
             object.__setattr__(self, "name", self.describe())
 
     # ------------------------------------------------------------------ validation

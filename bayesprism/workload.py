@@ -275,6 +275,7 @@ def build_plan_model(
     var_sum = np.zeros(draws)
     fallback: list[tuple[str, np.ndarray]] = []
     skipped: list[str] = []
+    fallback_names: list[str] = []
     # (collective kind, where, group size, bytes per launch, launches per step, tier)
     comm_specs: list[tuple[str, str, int, float, float, str]] = []
 
@@ -293,6 +294,7 @@ def build_plan_model(
                 continue
             inflation = np.exp(0.5 * class_scale("resid", cls) ** 2)
             fallback.append((cls, count * typical_us * inflation))
+            fallback_names.append(str(name))
             continue
         if cls == "optimizer":
             n_step = launches[k]
@@ -310,6 +312,16 @@ def build_plan_model(
         mean_inflation += work * np.exp(0.5 * sd**2)
         if n_step > 0:
             var_sum += work**2 / n_step * np.expm1(sd**2) * np.exp(sd**2)
+    same_layout = all(getattr(plan, k) == traced[k] for k in ("dp", "tp", "pp", "cp", "ep"))
+    if fallback_names and not same_layout and not typical:
+        warnings.warn(
+            f"{plan.name}: {len(fallback_names)} collective kernels have no cost model or no "
+            f"parallel role (group size/bytes unknown) and keep their traced duration at the "
+            f"traced group size, e.g. {fallback_names[0]!r}: their growth with the plan is "
+            "not forecast",
+            PlanWarning,
+            stacklevel=3,
+        )
     if skipped:
         warnings.warn(
             f"{len(skipped)} inventory kernels have no kernel_log_median in the "
@@ -399,13 +411,14 @@ def build_plan_model(
             buckets = max(1.0, math.ceil(grad_bytes / DDP_BUCKET_BYTES))
         else:
             grad_bytes = 0.0
-            warnings.warn(
-                f"{plan.name}: the traced run has no data-parallel gradient "
-                "collectives and the plan gives no gradient_bytes: data-parallel "
-                "communication is left out",
-                PlanWarning,
-                stacklevel=3,
-            )
+            if not fallback_names:  # otherwise the traced collectives stand in (warned above)
+                warnings.warn(
+                    f"{plan.name}: the traced run has no data-parallel gradient "
+                    "collectives and the plan gives no gradient_bytes: data-parallel "
+                    "communication is left out",
+                    PlanWarning,
+                    stacklevel=3,
+                )
         if grad_bytes > 0:
             tier = span_tier(tp * cp * plan.dp)
             per_bucket = grad_bytes / buckets

@@ -13,7 +13,8 @@ from bayesprism.schema import empty_attrs, validate_table
 #: Kernels of the tiny table: (name, class, median µs).
 KERNELS = (("gemm_a", "gemm", 200.0), ("ew_b", "elementwise", 30.0),
            ("nccl_ar", "allreduce", 80.0))
-GPU_EFFECT = {("n0", 0): 0.15, ("n0", 1): -0.05, ("n1", 0): 0.05, ("n1", 1): -0.15}
+#: log-scale GPU effects, zero-sum within each node (as the kernel model reports them)
+GPU_EFFECT = {("n0", 0): 0.1, ("n0", 1): -0.1, ("n1", 0): 0.05, ("n1", 1): -0.05}
 
 
 def tiny_kernel_table(seed: int = 0, steps: int = 8, occurrences: int = 3) -> pd.DataFrame:

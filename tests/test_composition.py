@@ -212,6 +212,10 @@ def test_fast_path_quantiles_within_one_percent_of_exact(plan):
     q_fast = np.quantile(fast.step_time_s, levels)
     np.testing.assert_allclose(q_fast, q_exact, rtol=0.01)
     assert fast.ideal_step_time_s == exact.ideal_step_time_s
+    # the interval of the mean step (one cluster per draw): within 3%
+    ci_exact = np.quantile(exact.step_time_s.mean(axis=1), [0.05, 0.95])
+    ci_fast = np.quantile(fast.step_time_s.mean(axis=1), [0.05, 0.95])
+    np.testing.assert_allclose(ci_fast, ci_exact, rtol=0.03)
 
 
 @pytest.mark.parametrize("with_dp_comm", [False, True])

@@ -25,6 +25,13 @@ def test_defaults_gpus_and_name():
         plan.dp = 2  # type: ignore[misc]
 
 
+def test_generated_name_follows_replace_but_a_given_name_stays():
+    plan = ParallelPlan(dp=4, pp=2, microbatches=4)
+    assert dataclasses.replace(plan, dp=8).name == "dp8-tp1-pp2-m4-1f1b"
+    named = ParallelPlan(name="prod", dp=4)
+    assert dataclasses.replace(named, dp=8).name == "prod"
+
+
 def test_every_problem_reported_at_once_with_exact_messages():
     with pytest.raises(PlanError) as exc:
         ParallelPlan(dp=0, tp=2.5, schedule="pipedream", sharding="zero3", overlap=1.5)

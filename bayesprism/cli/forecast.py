@@ -60,8 +60,6 @@ def build_plans(args: argparse.Namespace, posterior=None) -> tuple[list, object]
             for plan in ParallelPlan.from_toml(path):
                 if flags:
                     values = {**plan.to_dict(), **flags}
-                    if plan.name == plan.describe():
-                        values["name"] = None  # re-describe the overridden layout
                     plan = ParallelPlan.from_dict(values, source=f"{path} + flags")
                 plans.append(plan)
             cluster = Cluster.from_toml(path)

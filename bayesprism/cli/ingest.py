@@ -33,7 +33,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     """Ingest and print the summary; bad input raises InputError (exit 2 in main)."""
     from bayesprism.errors import InputError, Problem
-    from bayesprism.ingest.dispatch import ingest_to_parquet
+    from bayesprism.ingest.parquet import ingest_to_parquet
     from bayesprism.ingest.summary import format_summary
 
     if args.gpus_per_node is not None and args.gpus_per_node < 1:

@@ -6,7 +6,8 @@
   module's ``can_read(path, head)``; modules are imported lazily, so a reader that is missing
   does not break the others.
 * :func:`read_traces`: every file into one DataFrame (in memory).
-* :func:`ingest_to_parquet`: file by file into Parquet with bounded memory.
+* :func:`bayesprism.ingest.parquet.ingest_to_parquet`: the same, file by file into Parquet with
+  bounded memory.
 
 Problems are collected across all files and raised together as one
 :class:`~bayesprism.errors.TraceFormatError` (one line per problem). Files found by searching a
@@ -21,11 +22,9 @@ away from the other files are errors (files of different runs mixed).
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import importlib
 import inspect
-import json
 import os
 import warnings
 import zlib
@@ -37,14 +36,10 @@ import numpy as np
 import pandas as pd
 
 from bayesprism.errors import IngestWarning, InputError, Problem, TraceFormatError
-from bayesprism.ingest.summary import SummaryAccumulator
 from bayesprism.ingest.waits import split_notes, split_wait_transfer
 from bayesprism.schema import (
     ALL_COLUMNS,
-    ATTRS_KEY,
     COLLECTIVE_CLASSES,
-    REQUIRED_COLUMNS,
-    _jsonable,
     empty_attrs,
     validate_table,
 )
@@ -212,7 +207,7 @@ def _host_names_usable(files: list[Path]) -> dict[Path, bool]:
 
 
 @dataclass
-class _Collector:
+class IngestCollector:
     """Merges per-file reports into attrs and checks the files of each Kineto run agree."""
 
     attrs: dict = field(default_factory=empty_attrs)
@@ -293,7 +288,7 @@ class _Collector:
         return ok
 
 
-def _iter_read(files: list[TraceFile], options: dict, collector: _Collector,
+def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollector,
                progress: bool) -> Iterator[pd.DataFrame]:
     """Read each file with its reader; yields validated frames, collects problems."""
     from tqdm.auto import tqdm
@@ -363,14 +358,14 @@ def _iter_read(files: list[TraceFile], options: dict, collector: _Collector,
             warnings.warn(text, IngestWarning, stacklevel=3)
 
 
-def _finish_problems(collector: _Collector, found_any: bool) -> None:
+def raise_problems(collector: IngestCollector, found_any: bool) -> None:
     if not found_any and not collector.problems:
         collector.problems.append(Problem("inputs", "", "no trace file found"))
     if collector.problems:
         raise TraceFormatError(collector.problems)
 
 
-def _reader_options(gpus_per_node, rank_to_node, column_map) -> dict:
+def reader_options(gpus_per_node, rank_to_node, column_map) -> dict:
     options: dict = {}
     if gpus_per_node is not None:
         options["gpus_per_node"] = int(gpus_per_node)
@@ -381,26 +376,24 @@ def _reader_options(gpus_per_node, rank_to_node, column_map) -> dict:
     return options
 
 
-def _apply_split(coll: pd.DataFrame, collector: _Collector) -> pd.DataFrame:
-    """Fill wait_us/transfer_us of collective rows and record notes per run."""
-    if len(coll) == 0:
-        return coll
-    world = {run: meta.get("world_size") for run, meta in collector.attrs["runs"].items()}
-    coll = coll.copy()
+def split_collectives(coll: pd.DataFrame, collector: IngestCollector
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Wait and transfer time of collective rows, run by run; notes go to the collector."""
     wait = np.full(len(coll), np.nan)
     transfer = np.full(len(coll), np.nan)
+    if len(coll) == 0:
+        return wait, transfer
+    world = {run: meta.get("world_size") for run, meta in collector.attrs["runs"].items()}
     counts_by_run = {}
     for run, idx in coll.groupby(coll["run"].astype(str), observed=True).indices.items():
         wait[idx], transfer[idx], counts_by_run[run] = split_wait_transfer(coll.iloc[idx], world)
-    coll["wait_us"] = wait
-    coll["transfer_us"] = transfer
     ranks = {run: len(r) for run, r in collector.ranks_by_run.items()}
     for text in split_notes(counts_by_run, ranks):
         collector.note(text)
-    return coll
+    return wait, transfer
 
 
-def _collective_mask(df: pd.DataFrame) -> np.ndarray:
+def collective_mask(df: pd.DataFrame) -> np.ndarray:
     return df["kernel_class"].astype(str).isin(COLLECTIVE_CLASSES).to_numpy() & (
         df["start_us"].notna().to_numpy() if "start_us" in df else False)
 
@@ -437,17 +430,17 @@ def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict |
         Listing every problem in every file (one line each).
     """
     files, problems = expand_paths(paths)
-    collector = _Collector(problems=list(problems))
-    options = _reader_options(gpus_per_node, rank_to_node, column_map)
-    frames = list(_iter_read(files, options, collector, progress))
-    _finish_problems(collector, bool(frames))
+    collector = IngestCollector(problems=list(problems))
+    options = reader_options(gpus_per_node, rank_to_node, column_map)
+    frames = list(iter_frames(files, options, collector, progress))
+    raise_problems(collector, bool(frames))
     columns = [c for c in ALL_COLUMNS if any(c in f.columns for f in frames)]
     df = pd.concat([_to_columns(f, columns) for f in frames], ignore_index=True)
-    coll = _collective_mask(df)
+    coll = collective_mask(df)
     if coll.any():
-        split = _apply_split(df.loc[coll], collector)
-        df.loc[coll, "wait_us"] = split["wait_us"].to_numpy()
-        df.loc[coll, "transfer_us"] = split["transfer_us"].to_numpy()
+        wait, transfer = split_collectives(df.loc[coll], collector)
+        df.loc[coll, "wait_us"] = wait
+        df.loc[coll, "transfer_us"] = transfer
     attrs = collector.attrs
     df = validate_table(df, source="trace table")
     df.attrs = attrs
@@ -460,119 +453,3 @@ def _to_columns(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
         if col not in df.columns and ALL_COLUMNS[col] in ("category",):
             out[col] = out[col].astype(object)
     return out
-
-
-def _arrow_schema():
-    import pyarrow as pa
-
-    types = {
-        "category": pa.dictionary(pa.int32(), pa.string()),
-        "int64": pa.int64(), "Int64": pa.int64(), "float64": pa.float64(),
-    }
-    fields = []
-    for col, dtype in ALL_COLUMNS.items():
-        kind = "category" if not isinstance(dtype, str) else dtype
-        fields.append(pa.field(col, types[kind], nullable=col not in REQUIRED_COLUMNS))
-    return pa.schema(fields)
-
-
-def _to_arrow(df: pd.DataFrame, schema):
-    import pyarrow as pa
-
-    arrays = []
-    for fld in schema:
-        if fld.name in df.columns:
-            series = df[fld.name]
-            if pa.types.is_dictionary(fld.type):
-                if not isinstance(series.dtype, pd.CategoricalDtype):
-                    series = series.astype("category")
-                codes = series.cat.codes.to_numpy()
-                arr = pa.DictionaryArray.from_arrays(
-                    pa.array(codes.astype(np.int32), mask=codes < 0),
-                    pa.array(series.cat.categories.astype(str).to_numpy(dtype=object),
-                             type=pa.string()))
-            elif pa.types.is_integer(fld.type):
-                arr = pa.array(series.astype("Int64").to_numpy(dtype=object, na_value=None)
-                               if series.hasnans else series.to_numpy(dtype=np.int64),
-                               type=fld.type)
-            else:
-                arr = pa.array(series.to_numpy(dtype=np.float64, na_value=np.nan),
-                               type=fld.type, from_pandas=True)
-        else:
-            arr = pa.nulls(len(df), type=fld.type)
-        arrays.append(arr)
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = None,
-                      rank_to_node: dict | None = None, column_map: dict | None = None,
-                      progress: bool = True) -> dict:
-    """Read trace files one at a time into a Parquet trace table, with bounded memory.
-
-    Pass 1 reads file by file: non-collective rows go straight to the output file, collective
-    rows to a side file. Pass 2 reads the collective rows only, splits their durations into
-    wait and transfer (:mod:`bayesprism.ingest.waits`) and appends them. The run metadata is
-    stored as :func:`bayesprism.schema.write_table` does, so
-    :func:`bayesprism.schema.read_table` reads the file back (validated, attrs restored).
-    Every optional schema column is present in the file (empty where no input had it).
-    Written to a temporary name and renamed: a failure never leaves a partial ``out``.
-
-    Parameters
-    ----------
-    paths, gpus_per_node, rank_to_node, column_map, progress
-        As in :func:`read_traces`.
-    out
-        Output Parquet file.
-
-    Returns
-    -------
-    dict
-        The summary of the written table (:func:`bayesprism.ingest.summary.summarize_table`).
-
-    Raises
-    ------
-    TraceFormatError
-        Listing every problem in every file; nothing is written then.
-    """
-    import pyarrow.parquet as pq
-
-    out = Path(out)
-    files, problems = expand_paths(paths)
-    collector = _Collector(problems=list(problems))
-    options = _reader_options(gpus_per_node, rank_to_node, column_map)
-    schema = _arrow_schema()
-    tmp_out = out.with_name(out.name + ".tmp")
-    tmp_coll = out.with_name(out.name + ".collectives.tmp")
-    summary = SummaryAccumulator()
-    wrote = False
-    try:
-        # store_schema=False: readers then take the schema metadata from the key-value metadata
-        # added at the end (the attrs), instead of the Arrow schema frozen at the start.
-        with pq.ParquetWriter(tmp_out, schema, store_schema=False) as writer, \
-                pq.ParquetWriter(tmp_coll, schema) as coll_writer:
-            for df in _iter_read(files, options, collector, progress):
-                wrote = True
-                coll = _collective_mask(df)
-                rest = df.loc[~coll]
-                if len(rest):
-                    writer.write_table(_to_arrow(rest, schema))
-                    summary.add(rest)
-                if coll.any():
-                    coll_writer.write_table(_to_arrow(df.loc[coll], schema))
-            coll_writer.close()
-            _finish_problems(collector, wrote)
-            coll_table = pq.read_table(tmp_coll)
-            if coll_table.num_rows:
-                coll_df = coll_table.to_pandas()
-                coll_df = _apply_split(coll_df, collector)
-                writer.write_table(_to_arrow(coll_df, schema))
-                summary.add(coll_df)
-            del coll_table
-            writer.add_key_value_metadata(
-                {ATTRS_KEY: json.dumps(_jsonable(collector.attrs)).encode()})
-        tmp_out.replace(out)
-    finally:
-        for tmp in (tmp_out, tmp_coll):
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-    return summary.result(collector.attrs)

@@ -65,14 +65,9 @@ def split_wait_transfer(
                             "clock_anomaly_instances"), 0)
     if n == 0:
         return wait, transfer, counts
-    keys = pd.DataFrame({
-        "run": rows["run"].astype(str).to_numpy(),
-        "step": rows["step"].to_numpy(),
-        "process_group": (rows["process_group"].astype(object).fillna("").astype(str).to_numpy()
-                          if "process_group" in rows else ""),
-        "kernel": rows["kernel"].astype(str).to_numpy(),
-        "occurrence": rows["occurrence"].astype("float64").fillna(-1).to_numpy(),
-    })
+    # Integer codes of the matching keys: cheap to group, no strings materialised.
+    keys = pd.DataFrame({col: _codes(rows[col]) if col in rows else np.zeros(n, dtype=np.int64)
+                         for col in MATCH_COLUMNS})
     group = keys.groupby(list(MATCH_COLUMNS), sort=False).ngroup().to_numpy()
     start = rows["start_us"].to_numpy(dtype=np.float64, na_value=np.nan)
     duration = rows["duration_us"].to_numpy(dtype=np.float64, na_value=np.nan)
@@ -92,7 +87,8 @@ def split_wait_transfer(
     else:
         expected = np.full(n, np.nan)
     sizes = world_sizes or {}
-    run_size = keys["run"].map(lambda r: sizes.get(r) or np.nan).to_numpy(dtype=np.float64)
+    run_size = rows["run"].astype(str).map(lambda r: sizes.get(r) or np.nan).to_numpy(
+        dtype=np.float64)
     expected = np.where(np.isnan(expected), run_size, expected)
 
     duplicate = n_rows != n_ranks
@@ -112,6 +108,14 @@ def split_wait_transfer(
     counts["duplicate_rank_instances"] = int((first & duplicate).sum())
     counts["clock_anomaly_instances"] = int((first & anomaly).sum())
     return wait, transfer, counts
+
+
+def _codes(values: pd.Series) -> np.ndarray:
+    """Integer code per value (missing values share one code)."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        return values.cat.codes.to_numpy()
+    codes, _ = pd.factorize(values, use_na_sentinel=False)
+    return codes
 
 
 def split_notes(counts_by_run: Mapping[str, dict[str, int]],

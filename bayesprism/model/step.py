@@ -19,7 +19,11 @@ size dp and R = world-size ranks:
     noise_r  = sqrt((rank_sigma^2 * SD[max of R]^2 + slot_noise^2) / slots_r + step_noise^2)
 
 ``w_r = micro_batch_size / (tp * pp * cp)`` is the work of one micro-batch on one GPU (the
-trained model is the same along a ladder) and ``w_ref`` its median over the runs. Rank-level
+trained model is the same along a ladder) and ``w_ref`` that of the reference configuration
+(the one with the most timed steps). The sampler does not see ``mb_log_median`` directly: it
+samples ``reference_log_median``, the structural log median of the reference configuration
+(prior Normal(observed log median, 0.5)), which the data pin tightly, and ``mb_log_median``
+follows from it; otherwise the per-slot time and the scale terms form a curved ridge. Rank-level
 variability is a lognormal per-rank slot time with log-sd ``rank_sigma``; every micro-batch slot
 waits for the slowest of the R ranks, which shifts its log time by ``rank_sigma`` times the
 expected maximum of R standard normals and spreads it by ``rank_sigma`` times that maximum's
@@ -41,14 +45,15 @@ it also absorbs whatever the structural formula misses at a measured scale, whic
 forecast at a new scale honest. Option ``[step] config_effects = true`` adds a level per layout
 (``config_log_median``, ``config_sd``) between the structure and the runs.
 
-Posterior variables: ``mb_log_median``, ``work_exponent``, ``bubble_fraction``, ``rank_sigma``,
-``comm_per_doubling``, ``noise_scale``, ``slot_share``, ``slot_noise``, ``step_noise``,
-``step_nu``, ``run_sd``, ``run_log_median`` (run) and the deterministic ``run_effect`` and
-``run_median_s`` (run). ``posterior.attrs``: ``model_kind="step"``, ``time_unit="s"``,
-``reference_work``, ``run_population="normal"``, ``warmup_steps`` and ``run_layouts`` (JSON).
+Posterior variables: ``reference_log_median``, ``mb_log_median``, ``work_exponent``,
+``bubble_fraction``, ``rank_sigma``, ``comm_per_doubling``, ``noise_scale``, ``slot_share``,
+``slot_noise``, ``step_noise``, ``step_nu``, ``run_sd``, ``run_log_median`` (run) and the
+deterministic ``run_effect`` and ``run_median_s`` (run). ``posterior.attrs``:
+``model_kind="step"``, ``time_unit="s"``, ``reference_work``, ``reference_config``,
+``run_population="normal"``, ``warmup_steps`` and ``run_layouts`` (JSON).
 The first timed step of every run is dropped as warm-up (``summary["skipped"]``).
 Options (``ModelSpec.step``): ``warmup_steps`` (1), ``noise`` (``"student_t"`` or ``"normal"``),
-``config_effects`` (false).
+``config_effects`` (false), ``run_parameterisation`` (``"centred"`` or ``"noncentred"``).
 """
 
 from __future__ import annotations
@@ -190,7 +195,6 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
     layout_frame = pd.DataFrame([layouts[r] for r in runs], index=runs)
     work = layout_frame["micro_batch_size"] / (layout_frame["tp"] * layout_frame["pp"]
                                                * layout_frame["cp"])
-    reference_work = float(np.median(work))
     config_cols = ["world_size", "dp", "tp", "pp", "cp", "microbatches", "virtual_stages",
                    "micro_batch_size"]
     config_keys = [tuple(row) for row in layout_frame[config_cols].itertuples(index=False)]
@@ -198,10 +202,14 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
     config_labels = [config_label(dict(zip(config_cols, key, strict=True))) for key in configs]
     emax, smax = max_normal_moments(layout_frame["world_size"].to_numpy())
     log_y = np.log(rows["duration_us"].to_numpy(dtype=float) * 1e-6)
-    slots_guess = layout_frame["microbatches"] + 0.5 * (layout_frame["pp"] - 1)
+    # The reference configuration (most timed steps) anchors the scale of the structure: its
+    # median is pinned by the data, which decorrelates the per-slot time from the other terms.
+    steps_per_config = pd.Series(counts.reindex(runs).to_numpy(), index=config_keys)
+    reference = steps_per_config.groupby(level=0).sum().idxmax()
+    reference_runs = [r for r, k in zip(runs, config_keys, strict=True) if k == reference]
+    reference_work = float(work[reference_runs[0]])
     run_median = pd.Series(log_y, index=rows["run"].to_numpy()).groupby(level=0).median()
-    prior_center = float(np.median(run_median.reindex(runs).to_numpy()
-                                   - np.log(slots_guess.to_numpy(dtype=float))))
+    prior_center = float(np.median(run_median[reference_runs].to_numpy()))
 
     data = {
         "run_idx": rows["run"].map(run_index).to_numpy(dtype=np.int64),
@@ -218,6 +226,7 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
         "max_rank_mean": emax.astype(float),
         "max_rank_sd": smax.astype(float),
         "prior_center": np.asarray(prior_center),
+        "reference_run": np.asarray(runs.index(reference_runs[0]), dtype=np.int64),
     }
     unknown_mbs = [r for r in runs if not layouts[r]["micro_batch_size_known"]]
     notes = [f"dropped the first {warmup} timed step(s) of each run as warm-up"]
@@ -235,6 +244,7 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
         "model_kind": "step",
         "time_unit": "s",
         "reference_work": reference_work,
+        "reference_config": configs.index(reference),
         "run_population": "normal",
         "warmup_steps": warmup,
         "run_layouts": _layouts_json(layout_frame),
@@ -282,6 +292,7 @@ def build_step(prepared, spec):
     d = prepared.data
     noise_family = str(_option(spec, "noise", "student_t"))
     config_effects = bool(_option(spec, "config_effects", False))
+    run_parameterisation = str(_option(spec, "run_parameterisation", "centred"))
     with pm.Model(coords=prepared.coords) as model:
         run_idx = pm.Data("run_idx", d["run_idx"], dims="obs")
         config_idx = pm.Data("config_idx", d["config_idx"], dims="run")
@@ -293,7 +304,8 @@ def build_step(prepared, spec):
         emax = pm.Data("max_rank_mean", d["max_rank_mean"], dims="run")
         smax = pm.Data("max_rank_sd", d["max_rank_sd"], dims="run")
 
-        mb_log_median = pm.Normal("mb_log_median", float(d["prior_center"]), 1.0)
+        reference_log_median = pm.Normal("reference_log_median", float(d["prior_center"]),
+                                         0.5)
         work_exponent = pm.Normal("work_exponent", 1.0, 0.25)
         bubble_fraction = pm.Beta("bubble_fraction", 2.0, 2.0)
         rank_sigma = pm.HalfNormal("rank_sigma", 0.2)
@@ -304,10 +316,14 @@ def build_step(prepared, spec):
         slot_share = pm.Beta("slot_share", 2.0, 2.0)
         slot_noise = pm.Deterministic("slot_noise", noise_scale * pt.sqrt(slot_share))
         step_noise = pm.Deterministic("step_noise", noise_scale * pt.sqrt(1.0 - slot_share))
-        slot = pt.exp(mb_log_median + work_exponent * log_work)
         slots = microbatches + bubble_fraction * (pp - 1.0) / virtual
-        comm = pt.exp(mb_log_median) * comm_per_doubling * pt.log2(dp)
-        median = slots * slot * pt.exp(rank_sigma * emax) + comm
+        # median = exp(mb_log_median) * shape: solve for the slot time from the reference median
+        shape = (slots * pt.exp(work_exponent * log_work + rank_sigma * emax)
+                 + comm_per_doubling * pt.log2(dp))
+        ref = int(d["reference_run"])
+        mb_log_median = pm.Deterministic("mb_log_median",
+                                         reference_log_median - pt.log(shape[ref]))
+        median = pt.exp(mb_log_median) * shape
         # Centred on the run's own log median: the data pin each run's level tightly, so the
         # structural parameters only enter the prior of those levels (no funnel, no ridge).
         structural = pt.log(median)
@@ -319,7 +335,12 @@ def build_step(prepared, spec):
         else:
             location = structural
         run_sd = pm.HalfNormal("run_sd", 0.02)
-        run_log_median = pm.Normal("run_log_median", location, run_sd, dims="run")
+        if run_parameterisation == "noncentred":
+            run_z = pm.Normal("run_z", 0.0, 1.0, dims="run")
+            run_log_median = pm.Deterministic("run_log_median", location + run_sd * run_z,
+                                              dims="run")
+        else:
+            run_log_median = pm.Normal("run_log_median", location, run_sd, dims="run")
         pm.Deterministic("run_effect", run_log_median - location, dims="run")
         pm.Deterministic("run_median_s", pt.exp(run_log_median), dims="run")
         noise = pt.sqrt((rank_sigma**2 * smax**2 + slot_noise**2) / slots + step_noise**2)

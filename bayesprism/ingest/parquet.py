@@ -1,0 +1,163 @@
+"""Streaming ingestion: trace files → one Parquet trace table, file by file, bounded memory."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from bayesprism.ingest.dispatch import (
+    IngestCollector,
+    collective_mask,
+    expand_paths,
+    iter_frames,
+    raise_problems,
+    reader_options,
+    split_collectives,
+)
+from bayesprism.ingest.summary import SummaryAccumulator
+from bayesprism.schema import ALL_COLUMNS, ATTRS_KEY, REQUIRED_COLUMNS, _jsonable
+
+#: Columns the wait/transfer split reads from the collective rows.
+SPLIT_COLUMNS = ("run", "step", "rank", "kernel", "occurrence", "process_group", "group_size",
+                 "start_us", "duration_us")
+
+
+def arrow_schema():
+    """The Arrow schema of every trace-table column (categories as dictionaries)."""
+    import pyarrow as pa
+
+    types = {
+        "category": pa.dictionary(pa.int32(), pa.string()),
+        "int64": pa.int64(), "Int64": pa.int64(), "float64": pa.float64(),
+    }
+    fields = []
+    for col, dtype in ALL_COLUMNS.items():
+        kind = "category" if not isinstance(dtype, str) else dtype
+        fields.append(pa.field(col, types[kind], nullable=col not in REQUIRED_COLUMNS))
+    return pa.schema(fields)
+
+
+def to_arrow(df: pd.DataFrame, schema):
+    """A trace-table frame as an Arrow table of ``schema`` (absent columns all null)."""
+    import pyarrow as pa
+
+    arrays = []
+    for fld in schema:
+        if fld.name in df.columns:
+            series = df[fld.name]
+            if pa.types.is_dictionary(fld.type):
+                if not isinstance(series.dtype, pd.CategoricalDtype):
+                    series = series.astype("category")
+                codes = series.cat.codes.to_numpy()
+                arr = pa.DictionaryArray.from_arrays(
+                    pa.array(codes.astype(np.int32), mask=codes < 0),
+                    pa.array(series.cat.categories.astype(str).to_numpy(dtype=object),
+                             type=pa.string()))
+            elif pa.types.is_integer(fld.type):
+                arr = pa.array(series.astype("Int64").to_numpy(dtype=object, na_value=None)
+                               if series.hasnans else series.to_numpy(dtype=np.int64),
+                               type=fld.type)
+            else:
+                arr = pa.array(series.to_numpy(dtype=np.float64, na_value=np.nan),
+                               type=fld.type, from_pandas=True)
+        else:
+            arr = pa.nulls(len(df), type=fld.type)
+        arrays.append(arr)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = None,
+                      rank_to_node: dict | None = None, column_map: dict | None = None,
+                      progress: bool = True) -> dict:
+    """Read trace files one at a time into a Parquet trace table, with bounded memory.
+
+    Pass 1 reads file by file: non-collective rows go straight to the output file, collective
+    rows to a side file. Pass 2 reads the collective rows only, splits their durations into
+    wait and transfer (:mod:`bayesprism.ingest.waits`) and appends them. The run metadata is
+    stored as :func:`bayesprism.schema.write_table` does, so
+    :func:`bayesprism.schema.read_table` reads the file back (validated, attrs restored).
+    Every optional schema column is present in the file (empty where no input had it).
+    Written to a temporary name and renamed: a failure never leaves a partial ``out``.
+
+    Parameters
+    ----------
+    paths, gpus_per_node, rank_to_node, column_map, progress
+        As in :func:`read_traces`.
+    out
+        Output Parquet file.
+
+    Returns
+    -------
+    dict
+        The summary of the written table (:func:`bayesprism.ingest.summary.summarize_table`).
+
+    Raises
+    ------
+    TraceFormatError
+        Listing every problem in every file; nothing is written then.
+    """
+    import pyarrow.parquet as pq
+
+    out = Path(out)
+    files, problems = expand_paths(paths)
+    collector = IngestCollector(problems=list(problems))
+    options = reader_options(gpus_per_node, rank_to_node, column_map)
+    schema = arrow_schema()
+    tmp_out = out.with_name(out.name + ".tmp")
+    tmp_coll = out.with_name(out.name + ".collectives.tmp")
+    summary = SummaryAccumulator()
+    wrote = False
+    try:
+        # store_schema=False: readers then take the schema metadata from the key-value metadata
+        # added at the end (the attrs), instead of the Arrow schema frozen at the start.
+        with pq.ParquetWriter(tmp_out, schema, store_schema=False) as writer, \
+                pq.ParquetWriter(tmp_coll, schema) as coll_writer:
+            for df in iter_frames(files, options, collector, progress):
+                wrote = True
+                coll = collective_mask(df)
+                rest = df.loc[~coll]
+                if len(rest):
+                    writer.write_table(to_arrow(rest, schema))
+                    summary.add(rest)
+                if coll.any():
+                    coll_writer.write_table(to_arrow(df.loc[coll], schema))
+            coll_writer.close()
+            raise_problems(collector, wrote)
+            _append_collectives(tmp_coll, writer, schema, collector, summary)
+            writer.add_key_value_metadata(
+                {ATTRS_KEY: json.dumps(_jsonable(collector.attrs)).encode()})
+        tmp_out.replace(out)
+    finally:
+        for tmp in (tmp_out, tmp_coll):
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+    return summary.result(collector.attrs)
+
+
+def _append_collectives(side_file: Path, writer, schema, collector: IngestCollector,
+                        summary: SummaryAccumulator) -> None:
+    """Pass 2: split the collective rows of the side file and append them to the output."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    side = pq.ParquetFile(side_file)
+    if side.metadata.num_rows == 0:
+        return
+    keys = side.read(columns=list(SPLIT_COLUMNS)).to_pandas()
+    wait, transfer = split_collectives(keys, collector)
+    del keys
+    i_wait, i_transfer = schema.get_field_index("wait_us"), schema.get_field_index("transfer_us")
+    offset = 0
+    for batch in side.iter_batches(batch_size=1 << 16):
+        n = batch.num_rows
+        columns = list(batch.columns)
+        columns[i_wait] = pa.array(wait[offset:offset + n], type=pa.float64())
+        columns[i_transfer] = pa.array(transfer[offset:offset + n], type=pa.float64())
+        table = pa.Table.from_batches([pa.RecordBatch.from_arrays(columns, schema=schema)])
+        writer.write_table(table)
+        summary.add(table.to_pandas())
+        offset += n

@@ -1,0 +1,287 @@
+"""Kernel-level model: exact cell likelihood, input checks, several sources, recovery of truth."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from bayesprism.errors import InputError
+from bayesprism.model import build, prepare
+from bayesprism.model.kernel import build_kernel, prepare_kernel
+from bayesprism.spec import ModelSpec
+
+KERNELS = [("gemm_a", "gemm", np.log(200.0)), ("gemm_b", "gemm", np.log(80.0)),
+           ("flash_fwd", "attention", np.log(150.0)), ("add", "elementwise", np.log(10.0))]
+
+
+def simulate_trace(nodes=4, gpus=4, steps=6, launches=5, seed=0, node_sd=0.10, gpu_sd=0.05,
+                   step_sd=0.03, gs_sd=0.02, resid=0.05, degraded=None, kernels=KERNELS,
+                   node_prefix="n"):
+    """A trace table from known effects (NumPy only); ``degraded=(node, z)`` sets one node."""
+    rng = np.random.default_rng(seed)
+    u = rng.standard_normal(nodes)
+    if degraded is not None:
+        u[degraded[0]] = degraded[1]
+    v = rng.standard_normal((nodes, gpus))
+    w = rng.standard_normal(steps)
+    z = rng.standard_normal((nodes, gpus, steps))
+    nn, gg, ss, kk, _ = (a.ravel() for a in np.meshgrid(
+        np.arange(nodes), np.arange(gpus), np.arange(steps), np.arange(len(kernels)),
+        np.arange(launches), indexing="ij"))
+    a = np.array([k[2] for k in kernels])
+    y = (a[kk] + node_sd * u[nn] + gpu_sd * v[nn, gg] + step_sd * w[ss]
+         + gs_sd * z[nn, gg, ss] + resid * rng.standard_normal(nn.size))
+    table = pd.DataFrame({
+        "run": pd.Categorical(np.full(nn.size, "r0")),
+        "step": ss, "rank": nn * gpus + gg,
+        "node": pd.Categorical.from_codes(nn, [f"{node_prefix}{i:02d}" for i in range(nodes)]),
+        "gpu": gg,
+        "kernel": pd.Categorical.from_codes(kk, [k[0] for k in kernels]),
+        "kernel_class": pd.Categorical(np.array([k[1] for k in kernels])[kk]),
+        "duration_us": np.exp(y),
+    })
+    return table, {"u": u, "a": a}
+
+
+@pytest.fixture(scope="module")
+def small_table():
+    return simulate_trace()[0]
+
+
+# ---------------------------------------------------------------- exact likelihood
+@pytest.mark.parametrize("parameterisation", ["centred", "noncentred"])
+def test_cell_likelihood_equals_row_likelihood_with_gradients(small_table, parameterisation):
+    spec = ModelSpec(levels=("node", "gpu", "step"), parameterisation=parameterisation)
+    prepared = prepare_kernel([small_table], spec, keep_rows=True)
+    assert prepared.attrs["parameterisation"]["node"] == parameterisation
+    cell_model = build_kernel(prepared, spec)
+    row_model = build_kernel(prepared, spec, rows=True)
+    cell_logp, row_logp = cell_model.compile_logp(), row_model.compile_logp()
+    cell_grad, row_grad = cell_model.compile_dlogp(), row_model.compile_dlogp()
+    rng = np.random.default_rng(1)
+    start = cell_model.initial_point()
+    for _ in range(3):
+        point = {k: v + rng.normal(scale=0.3, size=np.shape(v)) for k, v in start.items()}
+        # Same free variables, same priors: only the likelihood differs, and it is exact.
+        assert cell_logp(point) == pytest.approx(row_logp(point), rel=1e-12, abs=1e-8)
+        assert np.allclose(cell_grad(point), row_grad(point), rtol=1e-9, atol=1e-8)
+
+
+def test_integrated_gpustep_effects_equal_the_multivariate_normal():
+    table, _ = simulate_trace(nodes=1, gpus=2, steps=3, launches=3, seed=4)
+    spec = ModelSpec(levels=("gpustep",), collective_model="none")
+    prepared = prepare_kernel([table], spec, keep_rows=True)
+    model = build_kernel(prepared, spec)
+    lik = model.compile_fn(model["kernel_loglik"], point_fn=True)
+    rng = np.random.default_rng(5)
+    start = model.initial_point()
+    classes = prepared.coords["kernel_class"]
+    kernels = prepared.coords["kernel"]
+    for _ in range(3):
+        point = {k: v + rng.normal(scale=0.3, size=np.shape(v)) for k, v in start.items()}
+        a = point["kernel_log_median_free"]
+        resid = np.exp(point["resid_scale_log__"])
+        lam = np.exp(point["gpustep_scale_log__"])
+        expected = 0.0
+        for (_, _), rows in table.groupby(["gpu", "step"]):
+            k = np.array([kernels.index(x) for x in rows["kernel"].astype(str)])
+            c = np.array([classes.index(x) for x in rows["kernel_class"].astype(str)])
+            cov = np.diag(resid[c] ** 2) + np.outer(lam[c], lam[c])
+            expected += stats.multivariate_normal(a[k], cov).logpdf(np.log(rows["duration_us"]))
+        assert float(lik(point)) == pytest.approx(expected, rel=1e-10)
+
+
+# ---------------------------------------------------------------- input checks
+def test_step_rows_are_refused_with_a_pointer_to_the_step_model(small_table):
+    bad = small_table.copy()
+    bad["kernel_class"] = bad["kernel_class"].cat.add_categories(["step"])
+    bad.loc[:3, "kernel_class"] = "step"
+    with pytest.raises(InputError) as err:
+        prepare([bad], ModelSpec())
+    assert str(err.value) == (
+        "table 0: kernel_class: step-level rows belong to the step model: fit them with "
+        "--model step (ModelSpec.load('step')) (4 rows), e.g. 'step'")
+
+
+def test_missing_columns_and_bad_durations_are_all_reported(small_table):
+    bad = small_table.drop(columns=["gpu"])
+    worse = small_table.copy()
+    worse.loc[:1, "duration_us"] = [0.0, np.nan]
+    with pytest.raises(InputError) as err:
+        prepare([bad, worse], ModelSpec())
+    lines = err.value.lines()
+    assert lines[0] == "table 0: gpu: required column(s) missing"
+    assert lines[1] == "table 1: duration_us: must be a finite number > 0 (2 rows), e.g. 0.0"
+
+
+def test_single_launch_cells_everywhere_is_an_error_with_gpustep():
+    table, _ = simulate_trace(launches=1)
+    with pytest.raises(InputError, match="every kernel × GPU × step cell has a single launch"):
+        prepare([table], ModelSpec())
+    # without the gpustep level such a table (e.g. a benchmark) is fine
+    prepared = prepare([table], ModelSpec(levels=("node", "gpu", "step")))
+    assert prepared.summary["single_launch_cells"] == prepared.summary["cells"]
+
+
+def test_kernel_with_two_classes_is_an_error(small_table):
+    bad = small_table.copy()
+    bad["kernel_class"] = bad["kernel_class"].astype(str)
+    bad.loc[0, "kernel_class"] = "norm"
+    with pytest.raises(InputError, match="a kernel appears with two classes.*'gemm_a'"):
+        prepare([bad], ModelSpec())
+
+
+def test_single_node_drops_the_node_level_with_a_note():
+    table, _ = simulate_trace(nodes=1)
+    prepared = prepare([table], ModelSpec())
+    assert "node" not in prepared.attrs["levels"]
+    assert "node_population" not in prepared.attrs
+    assert "node level dropped: fewer than 2 nodes" in prepared.attrs["notes"]
+    assert prepared.attrs["gpu_population"] == "student_t"
+
+
+def test_auto_parameterisation_follows_data_density(small_table):
+    dense = prepare([small_table], ModelSpec()).attrs["parameterisation"]
+    assert dense == {"node": "centred", "gpu": "centred", "step": "centred"}
+    sparse = prepare([small_table], ModelSpec(dense_launches=200)).attrs["parameterisation"]
+    # 480 launches per node, 120 per GPU, 320 per step
+    assert sparse == {"node": "centred", "gpu": "noncentred", "step": "centred"}
+
+
+# ---------------------------------------------------------------- several sources, collectives
+def _benchmark_table(nodes):
+    rng = np.random.default_rng(7)
+    rows = []
+    for node in nodes:
+        for gpu in range(4):
+            for rep in range(3):
+                slow = 1.5 if node == "n99" else 1.0
+                rows.append(("bench", rep, 0, node, gpu, "gemm_bench", "benchmark",
+                             500.0 * slow * np.exp(0.02 * rng.standard_normal())))
+    return pd.DataFrame(rows, columns=["run", "step", "rank", "node", "gpu", "kernel",
+                                       "kernel_class", "duration_us"])
+
+
+def _collective_table(transfer=True):
+    rng = np.random.default_rng(8)
+    rows = []
+    for step in range(4):
+        for p, nbytes in [(2, 1e6), (4, 1e6), (8, 1e8), (16, 1e8)]:
+            t_us = 5.0 * 2 * (p - 1) + nbytes * 2 * (p - 1) / p / (100.0 * 1e3)
+            t_us *= 4.0 if p > 8 else 1.0
+            rows.append(("nccl", step, 0, "n00", 0, "ncclAllReduce", "allreduce",
+                         t_us * 1.1, t_us * np.exp(0.05 * rng.standard_normal())
+                         if transfer else np.nan, nbytes, p))
+    return pd.DataFrame(rows, columns=["run", "step", "rank", "node", "gpu", "kernel",
+                                       "kernel_class", "duration_us", "transfer_us", "bytes",
+                                       "group_size"])
+
+
+def test_several_sources_share_nodes_and_add_their_own_class(small_table):
+    bench = _benchmark_table(["n00", "n01", "n99"])
+    prepared = prepare([small_table, bench, _collective_table()], ModelSpec())
+    assert prepared.coords["node"] == ["n00", "n01", "n02", "n03", "n99"]
+    assert "benchmark" in prepared.coords["kernel_class"]
+    assert prepared.attrs["collective_model"] == ["allreduce"]
+    assert prepared.coords["collective"] == ["allreduce"]
+    # the p = 16 groups exceed the 8 GPUs a node of that run has at most ... (1 here): inter
+    assert prepared.data["coll_observed_tiers"].tolist() == [[False, True]]
+    model = build(prepared, ModelSpec())
+    assert model.named_vars_to_dims["node_effect"] == ("node",)
+    assert model.named_vars_to_dims["coll_bandwidth_gbps"] == ("collective", "tier")
+    assert np.isfinite(model.compile_logp()(model.initial_point()))
+
+
+def test_collectives_without_transfer_fall_back_to_the_kernel_part(small_table):
+    prepared = prepare([small_table, _collective_table(transfer=False)], ModelSpec())
+    assert prepared.attrs["collective_model"] == []
+    assert "ncclAllReduce" in prepared.coords["kernel"]
+    assert any("fitted as kernels on duration_us: allreduce" in n
+               for n in prepared.attrs["notes"])
+
+
+def test_ring_cost_model_recovers_bandwidth_and_latency():
+    import pymc as pm
+
+    rng = np.random.default_rng(9)
+    rows = []
+    for step in range(6):
+        congestion = 0.02 * rng.standard_normal()
+        for p in (2, 4, 8):
+            for nbytes in (1e3, 1e5, 1e7, 1e9):
+                t_us = 8.0 * 2 * (p - 1) + nbytes * 2 * (p - 1) / p / (150.0 * 1e3)
+                for _ in range(3):
+                    rows.append(("nccl", step, 0, "n00", 0, "ar", "allreduce", t_us,
+                                 t_us * np.exp(congestion + 0.03 * rng.standard_normal()),
+                                 nbytes, p))
+    table = pd.DataFrame(rows, columns=["run", "step", "rank", "node", "gpu", "kernel",
+                                        "kernel_class", "duration_us", "transfer_us", "bytes",
+                                        "group_size"])
+    table.attrs["runs"] = {"nccl": {"gpus_per_node": 8}}
+    spec = ModelSpec()
+    prepared = prepare([table], spec)
+    with build(prepared, spec):
+        fit = pm.sample(300, tune=300, chains=2, cores=1, nuts_sampler="pymc", random_seed=3,
+                        progressbar=False, compute_convergence_checks=False)
+    post = fit.posterior
+    bw = post["coll_bandwidth_gbps"].sel(collective="allreduce", tier="intra")
+    lat = post["coll_latency_us"].sel(collective="allreduce", tier="intra")
+    assert abs(float(bw.mean()) / 150.0 - 1) < 0.05
+    assert abs(float(lat.mean()) / 8.0 - 1) < 0.1
+    # the unobserved inter tier keeps a wide prior tied to the intra tier
+    inter = post["coll_bandwidth_gbps"].sel(collective="allreduce", tier="inter")
+    assert float(np.log(inter).std()) > 0.5
+
+
+# ---------------------------------------------------------------- sampling and recovery
+def test_fast_fit_lands_near_the_truth():
+    import pymc as pm
+
+    table, truth = simulate_trace(nodes=6, gpus=2, steps=4, launches=4, seed=11,
+                                  degraded=(2, 6.0))
+    spec = ModelSpec()
+    with build(prepare([table], spec), spec):
+        fit = pm.sample(200, tune=200, chains=2, cores=1, nuts_sampler="pymc", random_seed=5,
+                        progressbar=False, compute_convergence_checks=False)
+    post = fit.posterior
+    assert int(fit.sample_stats["diverging"].sum()) < 10
+    a = post["kernel_log_median"].mean(("chain", "draw")).to_numpy()
+    assert np.allclose(a, truth["a"], atol=0.15)
+    resid = post["resid_scale"].mean(("chain", "draw")).to_numpy()
+    assert np.allclose(resid, 0.05, rtol=0.2)
+    node = post["node_effect"].mean(("chain", "draw")).to_numpy()
+    assert int(np.argmax(node)) == 2
+    assert post["kernel_log_median"].dims == ("chain", "draw", "kernel")
+    assert post["gpu_effect"].dims == ("chain", "draw", "gpu_unit")
+    assert post["step_effect"].dims == ("chain", "draw", "step_unit")
+    assert post["node_nu"].dims == ("chain", "draw")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("population", ["student_t", "normal"])
+def test_full_recovery_of_variance_components_and_degraded_node(population):
+    import arviz as az
+    import nutpie
+
+    sds = {"node": 0.10, "gpu": 0.05, "step": 0.03, "gpustep": 0.02}
+    table, truth = simulate_trace(nodes=24, gpus=4, steps=10, launches=8, seed=21,
+                                  degraded=(5, 6.0), node_sd=sds["node"], gpu_sd=sds["gpu"],
+                                  step_sd=sds["step"], gs_sd=sds["gpustep"])
+    spec = ModelSpec(node_population=population, gpu_population=population)
+    model = build(prepare([table], spec), spec)
+    fit = nutpie.sample(nutpie.compile_pymc_model(model), draws=1000, tune=1000, chains=2,
+                        cores=2, seed=4, progress_bar=False)
+    post = fit.posterior
+    summary = az.summary(fit, var_names=["gpu_scale", "step_scale", "gpustep_scale",
+                                         "resid_scale"], round_to="none")
+    assert summary["r_hat"].max() < 1.01
+    for level in ("gpu", "step", "gpustep"):
+        lo, hi = np.quantile(post[f"{level}_scale"].sel(kernel_class="gemm"), [0.03, 0.97])
+        assert lo < sds[level] < hi, (level, lo, hi)
+    if population == "student_t":
+        # a heavy-tailed population keeps the node scale near the bulk despite the outlier
+        lo, hi = np.quantile(post["node_scale"].sel(kernel_class="gemm"), [0.03, 0.97])
+        assert lo < sds["node"] < hi
+    assert float((post["node_effect"].isel(node=5) > 3.0).mean()) > 0.9
