@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
-import json
-
 import pytest
 
 from bayesprism.ingest.classify import (
@@ -13,6 +10,7 @@ from bayesprism.ingest.classify import (
     collective_class,
     normalize_kernel_name,
 )
+from bayesprism.ingest.kineto_json import load_trace
 from bayesprism.schema import KERNEL_CLASSES
 
 # Real names from /work/shared/data/kineto (one or more per family), with the class they must get.
@@ -162,10 +160,8 @@ def test_every_kernel_name_in_the_shared_traces_is_classified_by_family(shared_d
     """Families recognisable from the name alone never fall through to ``other``."""
     names: set[str] = set()
     for path in sorted((shared_data / "kineto").rglob("*.json.gz")):
-        with gzip.open(path) as fh:
-            events = json.load(fh)["traceEvents"]
-        names.update(e["name"] for e in events
-                     if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+        _, events = load_trace(path)
+        names.update(e.name for e in events if e.cat in ("kernel", "gpu_memcpy", "gpu_memset"))
     assert len(names) > 300
     families = [
         (("nccl", "allreduce"), "allreduce"), (("nccl", "sendrecv"), "sendrecv"),

@@ -43,6 +43,10 @@ from bayesprism.spec import ModelSpec
 
 REQUIRED = ("run", "step", "node", "gpu", "kernel", "kernel_class", "duration_us")
 UNIT_LEVELS = ("cabinet", "node", "gpu", "step")
+#: Cell fill (cells / (GPU-steps × kernels)) above which the collapsed likelihood uses a dense
+#: matrix product, and the largest such matrix.
+DENSE_FILL = 0.25
+DENSE_MAX = 20_000_000
 #: Largest table the row-level (Student-t) likelihood accepts.
 MAX_ROWS_STUDENT_T = 2_000_000
 
@@ -541,10 +545,19 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
         return
     # Exact collapsed Gaussian likelihood (module docstring).
     delta = d["kernel_mean"] - a_free
-    flat_block = d["cell_gpustep"] * n_classes + cls[d["cell_kernel"]]
-    r0 = d["block_dev"] + segment_sum(
-        d["cell_n"] * delta[d["cell_kernel"]], flat_block, n_gs * n_classes
-    ).reshape((n_gs, n_classes))
+    n_kernels = len(cls)
+    if len(d["cell_n"]) >= DENSE_FILL * n_gs * n_kernels and n_gs * n_kernels <= DENSE_MAX:
+        # Most GPU-steps run most kernels: one dense (GPU-step × kernel) matrix product is far
+        # cheaper than a scatter over cells, and so is its gradient.
+        counts = np.zeros((n_gs, n_kernels))
+        counts[d["cell_gpustep"], d["cell_kernel"]] = d["cell_n"]
+        onehot = np.eye(n_classes)[cls]
+        r0 = d["block_dev"] + pt.dot(counts, delta[:, None] * onehot)
+    else:
+        flat_block = d["cell_gpustep"] * n_classes + cls[d["cell_kernel"]]
+        r0 = d["block_dev"] + segment_sum(
+            d["cell_n"] * delta[d["cell_kernel"]], flat_block, n_gs * n_classes
+        ).reshape((n_gs, n_classes))
     block_n = d["block_n"]
     quad = (
         d["class_q"]

@@ -53,7 +53,9 @@ deterministic ``run_effect`` and ``run_median_s`` (run). ``posterior.attrs``:
 ``run_population="normal"``, ``warmup_steps`` and ``run_layouts`` (JSON).
 The first timed step of every run is dropped as warm-up (``summary["skipped"]``).
 Options (``ModelSpec.step``): ``warmup_steps`` (1), ``noise`` (``"student_t"`` or ``"normal"``),
-``config_effects`` (false), ``run_parameterisation`` (``"centred"`` or ``"noncentred"``).
+``config_effects`` (false), ``run_parameterisation`` (``"auto"``: centred run levels when each
+run's median is pinned much tighter than runs differ, else non-centred; or ``"centred"``,
+``"noncentred"``).
 """
 
 from __future__ import annotations
@@ -208,8 +210,12 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
     reference = steps_per_config.groupby(level=0).sum().idxmax()
     reference_runs = [r for r, k in zip(runs, config_keys, strict=True) if k == reference]
     reference_work = float(work[reference_runs[0]])
-    run_median = pd.Series(log_y, index=rows["run"].to_numpy()).groupby(level=0).median()
+    by_run = pd.Series(log_y, index=rows["run"].to_numpy()).groupby(level=0)
+    run_median = by_run.median()
     prior_center = float(np.median(run_median[reference_runs].to_numpy()))
+    parameterisation = str(_option(spec, "run_parameterisation", "auto"))
+    if parameterisation == "auto":
+        parameterisation = _run_parameterisation(by_run, run_median, runs, config_keys)
 
     data = {
         "run_idx": rows["run"].map(run_index).to_numpy(dtype=np.int64),
@@ -245,12 +251,37 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
         "time_unit": "s",
         "reference_work": reference_work,
         "reference_config": configs.index(reference),
+        "run_parameterisation": parameterisation,
         "run_population": "normal",
         "warmup_steps": warmup,
         "run_layouts": _layouts_json(layout_frame),
     }
     coords = {"config": config_labels, "run": runs, "obs": list(range(len(rows)))}
     return PreparedData(coords=coords, data=data, attrs=attrs, summary=summary)
+
+
+def _run_parameterisation(by_run, run_median: pd.Series, runs: list[str],
+                          config_keys: list[tuple]) -> str:
+    """``"centred"`` when the data pin each run's level much tighter than runs differ.
+
+    Compares the median standard error of a run's median log step time (robust:
+    1.2533 * 1.4826 * MAD / sqrt(n)) with the between-run spread within a configuration net of
+    that error; centred when the error is below half the spread, else non-centred.
+    """
+    mad = by_run.apply(lambda v: float(np.median(np.abs(v - np.median(v)))))
+    n = by_run.size()
+    se = (1.2533 * 1.4826 * mad / np.sqrt(n)).reindex(runs).to_numpy()
+    medians = pd.Series(run_median.reindex(runs).to_numpy(), index=pd.Index(config_keys))
+    deviations = medians - medians.groupby(level=0).transform("mean")
+    sizes = medians.groupby(level=0).transform("size").to_numpy()
+    usable = sizes > 1
+    if not usable.any():
+        return "noncentred"
+    between = float(np.sum(deviations.to_numpy()[usable] ** 2) / np.sum(sizes[usable] - 1)
+                    * np.mean(sizes[usable] > 1))
+    typical_se = float(np.median(se))
+    spread = np.sqrt(max(between - typical_se**2, 0.0))
+    return "centred" if typical_se < 0.5 * spread else "noncentred"
 
 
 def config_label(layout: dict) -> str:
@@ -292,7 +323,7 @@ def build_step(prepared, spec):
     d = prepared.data
     noise_family = str(_option(spec, "noise", "student_t"))
     config_effects = bool(_option(spec, "config_effects", False))
-    run_parameterisation = str(_option(spec, "run_parameterisation", "centred"))
+    run_parameterisation = prepared.attrs.get("run_parameterisation", "centred")
     with pm.Model(coords=prepared.coords) as model:
         run_idx = pm.Data("run_idx", d["run_idx"], dims="obs")
         config_idx = pm.Data("config_idx", d["config_idx"], dims="run")
