@@ -35,6 +35,7 @@ import xarray as xr
 
 from bayesprism.draws import StepDraws
 from bayesprism.errors import InputError, Problem
+from bayesprism.io import ARTIFACT_SCHEMA_VERSION
 from bayesprism.plan import Cluster, ParallelPlan
 
 #: Training runs up to this many steps are simulated step by step; longer ones use a normal sum.
@@ -219,6 +220,8 @@ def forecast(
         coords["deadline"] = deadlines
     attrs = {
         "bayesprism_version": _version(),
+        "schema_version": ARTIFACT_SCHEMA_VERSION,
+        "artifact": "forecast",
         "random_seed": int(random_seed),
         "replicates": int(replicates),
         "draws": int(step.shape[1]),

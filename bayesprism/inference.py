@@ -134,7 +134,8 @@ def _compiled_nutpie(model, key: tuple[str, str] | None):
 
 
 def _sample(model, sampler: str, *, draws: int, tune: int, chains: int, random_seed: int,
-            progress: bool, cache_key: tuple[str, str] | None = None) -> xr.DataTree:
+            progress: bool, cache_key: tuple[str, str] | None = None,
+            target_accept: float = 0.8) -> xr.DataTree:
     import pymc as pm
 
     if sampler == "nutpie":
@@ -142,12 +143,14 @@ def _sample(model, sampler: str, *, draws: int, tune: int, chains: int, random_s
 
         compiled = _compiled_nutpie(model, cache_key)
         tree = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains,
-                             cores=min(chains, 2), seed=random_seed, progress_bar=progress)
+                             cores=min(chains, 2), seed=random_seed, progress_bar=progress,
+                             target_accept=target_accept)
         return _add_data_groups(tree, model)
     if sampler == "pymc":
         with model:
             return pm.sample(draws=draws, tune=tune, chains=chains, cores=min(chains, 2),
                              random_seed=random_seed, nuts_sampler="pymc",
+                             target_accept=target_accept,
                              progressbar=progress, compute_convergence_checks=False)
     if sampler == "advi":
         from pymc.variational.callbacks import CheckParametersConvergence
@@ -314,7 +317,8 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
     start = time.perf_counter()
     tree = _sample(model, sampler, draws=int(draws), tune=int(tune), chains=int(chains),
                    random_seed=int(random_seed), progress=progress,
-                   cache_key=(spec.spec_hash(), digest))
+                   cache_key=(spec.spec_hash(), digest),
+                   target_accept=float(prepared.attrs.get("target_accept", 0.8)))
     seconds = time.perf_counter() - start
 
     tree["inventory"] = inventory

@@ -108,6 +108,9 @@ class ParallelPlan:
     gradient_bytes
         Bytes of the whole model's gradients; needed only when the traced run had no
         data-parallel collectives and the target has ``dp * cp > 1`` (optional).
+    micro_batch_size
+        Samples per micro-batch; defaults to the traced (or fitted) runs' micro-batch size.
+        Step-level forecasts scale per-micro-batch work with it (optional).
     source
         Where the plan came from (file path), used in error messages.
     """
@@ -129,6 +132,7 @@ class ParallelPlan:
     world_size: int | None = None
     activation_bytes: float | None = None
     gradient_bytes: float | None = None
+    micro_batch_size: float | None = None
     source: str = field(default="plan", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -162,10 +166,10 @@ class ParallelPlan:
             value = getattr(self, name)
             if value is not None and not _is_positive_int(value):
                 bad(name, "must be a positive integer", value)
-        for name in ("activation_bytes", "gradient_bytes"):
+        for name in ("activation_bytes", "gradient_bytes", "micro_batch_size"):
             value = getattr(self, name)
             if value is not None and not (_is_number(value) and value > 0):
-                bad(name, "must be a positive number of bytes", value)
+                bad(name, "must be a positive number", value)
         if self.name is not None and not isinstance(self.name, str):
             bad("name", "must be a string", self.name)
         if not _is_number(self.overlap) or not 0.0 <= float(self.overlap) <= 1.0:

@@ -364,26 +364,41 @@ def section_slowdown(summary: dict, figures: dict[str, Path]) -> str:
     return "\n".join(parts)
 
 
+def _per_threshold(value) -> dict:
+    """``slowdown_p_delta`` is a dict keyed by threshold (older JSON: one number)."""
+    if isinstance(value, Mapping):
+        return {str(k): v for k, v in value.items()}
+    return {"": value}
+
+
 def section_sensitivity(sensitivity: Mapping) -> str:
     """Sensitivity contributions (JSON of ``bayesprism sensitivity --json``)."""
+    contributions = list(sensitivity.get("contributions", []))
+    thresholds = sorted(
+        {t for c in contributions for t in _per_threshold(c.get("slowdown_p_delta"))}
+    )
     rows = []
-    for c in sensitivity.get("contributions", []):
+    for c in contributions:
         ci = c.get("p95_delta_ci90") or [None, None]
+        deltas = _per_threshold(c.get("slowdown_p_delta"))
         rows.append(
             (
                 c.get("factor", ""),
                 c.get("level", ""),
                 fmt_s(c.get("p95_delta_s")),
                 f"{fmt_s(ci[0])} – {fmt_s(ci[1])}",
-                fmt_p(c.get("slowdown_p_delta")),
+                *(fmt_p(deltas.get(t)) for t in thresholds),
             )
         )
+    slowdown_headers = [
+        f"Δ P(slowdown > {float(t):.0%})" if t else "Δ P(slowdown)" for t in thresholds
+    ]
     return (
         "<h2 id='sensitivity'>Sensitivity: what drives the tail</h2>"
-        "<p>Change of the p95 step time and of the slowdown probability when the factor's "
-        "variability is removed.</p>"
+        "<p>Change of the p95 step time and of the slowdown probabilities when the factor's "
+        "variability is removed (common random numbers; intervals over posterior draws).</p>"
         + _table(
-            ["factor", "level", "Δ p95 (s)", "Δ p95 90% interval (s)", "Δ P(slowdown)"],
+            ["factor", "level", "Δ p95 (s)", "Δ p95 90% interval (s)", *slowdown_headers],
             rows,
             text_columns=2,
         )
@@ -392,27 +407,46 @@ def section_sensitivity(sensitivity: Mapping) -> str:
 
 def section_placement(placement: Mapping) -> str:
     """Placement gains, nodes to drain and assignment (JSON of ``bayesprism place --json``)."""
-    ci = placement.get("gain_vs_random_ci90") or [None, None]
+
+    def ratio(key: str) -> str:
+        value = placement.get(key)
+        ci = placement.get(f"{key}_ci90")
+        if not ci:
+            return fmt_ratio(value)
+        return f"{fmt_ratio(value)} (90% interval {fmt_ratio(ci[0])} – {fmt_ratio(ci[1])})"
+
     rows = [
-        ("gain vs random placement (s per step)", fmt_s(placement.get("gain_vs_random"))),
-        ("90% interval", f"{fmt_s(ci[0])} – {fmt_s(ci[1])}"),
-        ("gain vs worst placement (s per step)", fmt_s(placement.get("gain_vs_worst"))),
+        ("step-time ratio random ÷ optimised (≥ 1 is a gain)", ratio("gain_vs_random")),
+        ("step-time ratio worst ÷ optimised", ratio("gain_vs_worst")),
     ]
     parts = ["<h2 id='placement'>Node placement</h2>", _table(["quantity", "value"], rows)]
     drain = placement.get("drain") or []
-    parts.append(
-        "<p>Nodes to drain: " + (esc(", ".join(str(d) for d in drain)) or "none") + ".</p>"
-    )
+    drained = esc(", ".join(str(d) for d in drain)) or "none"
+    parts.append(f"<p>Nodes to drain, best first: {drained}.</p>")
     assignment = placement.get("assignment") or {}
     items = (
         list(assignment.items()) if isinstance(assignment, Mapping) else list(enumerate(assignment))
     )
     if items:
-        shown = items[:50]
-        parts.append(_table(["slot", "node"], shown, text_columns=2))
+        shown = [(node, _describe_position(pos)) for node, pos in items[:50]]
+        parts.append(_table(["node", "position"], shown, text_columns=2))
         if len(items) > len(shown):
             parts.append(
                 f"<p class='note'>… {len(items) - len(shown)} more assignments in the "
                 "placement JSON.</p>"
             )
     return "\n".join(parts)
+
+
+def _describe_position(position) -> str:
+    if not isinstance(position, Mapping):
+        return str(position)
+    keys = ("stage", "replica", "tp_group")
+    return ", ".join(f"{k.replace('_', ' ')} {position[k]}" for k in keys if k in position)
+
+
+def fmt_ratio(x) -> str:
+    """A ratio with 3 decimals; ``–`` for missing values."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    return f"{float(x):.3f}"

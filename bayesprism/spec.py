@@ -318,7 +318,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
     "robust": ModelSpec(
         name="robust",
         likelihood="student_t",
-        node_population="mixture",
+        node_population="student_t",
         gpu_population="mixture",
     ),
     "step": ModelSpec(

@@ -21,7 +21,6 @@ Scores are those of :mod:`bayesprism.metrics`; baselines are in :mod:`bayesprism
 from __future__ import annotations
 
 import copy
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -391,25 +390,7 @@ def _plan_for(layout: dict, meta: dict):
     if (layout.get("virtual_stages") or 1) > 1:
         fields["virtual_stages"] = layout["virtual_stages"]
         fields.setdefault("schedule", "interleaved-1f1b")
-    accepted = getattr(ParallelPlan, "__dataclass_fields__", {})
-    fields = {k: v for k, v in fields.items() if k in accepted}
-    if "micro_batch_size" in accepted:
-        return ParallelPlan(**fields, micro_batch_size=layout["micro_batch_size"])
-    # ParallelPlan has no micro_batch_size yet, and the step forecast reads it with getattr
-    # (else it assumes the most common fitted one): carry the logged value on a subclass.
-    return _logged_plan_type()(**fields, micro_batch_size=layout["micro_batch_size"])
-
-
-@functools.cache
-def _logged_plan_type() -> type:
-    """``ParallelPlan`` plus the micro-batch size logged by the run (one class per process)."""
-    from bayesprism.plan import ParallelPlan
-
-    @dataclass(frozen=True)
-    class LoggedPlan(ParallelPlan):
-        micro_batch_size: float | None = None
-
-    return LoggedPlan
+    return ParallelPlan(**fields, micro_batch_size=layout["micro_batch_size"])
 
 
 def _layout_key(layout: dict) -> tuple:

@@ -288,3 +288,15 @@ def test_full_recovery_of_variance_components_and_degraded_node(population):
         lo, hi = np.quantile(post["node_scale"].sel(kernel_class="gemm"), [0.03, 0.97])
         assert lo < sds["node"] < hi
     assert float((post["node_effect"].isel(node=5) > 3.0).mean()) > 0.9
+
+
+def test_robust_spec_fits_rows_with_student_t_residual(small_table):
+    spec = ModelSpec.load("robust")
+    prepared = prepare([small_table], spec)
+    assert prepared.attrs["gpustep"] == "sampled"
+    assert prepared.attrs["gpu_population"] == "mixture"
+    model = build(prepared, spec)
+    names = set(model.named_vars)
+    assert {"resid_nu", "gpustep_z", "gpu_slow_weight", "gpu_slow_shift", "node_nu"} <= names
+    assert model["log_duration"].owner is not None
+    assert np.isfinite(model.compile_logp()(model.initial_point()))

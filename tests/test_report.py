@@ -21,22 +21,25 @@ SENSITIVITY = {
             "level": "node",
             "p95_delta_s": 0.01234,
             "p95_delta_ci90": [0.01, 0.015],
-            "slowdown_p_delta": 0.25,
+            "slowdown_p_delta": {"0.05": 0.25, "0.1": 0.125},
         },
         {
             "factor": "allreduce<script>",
             "level": "step",
             "p95_delta_s": 0.0042,
             "p95_delta_ci90": [0.001, 0.007],
-            "slowdown_p_delta": 0.05,
+            "slowdown_p_delta": {"0.05": 0.05, "0.1": 0.0},
         },
     ]
 }
 PLACEMENT = {
-    "assignment": {"0": "node1", "1": "node2"},
-    "gain_vs_random": 0.0123,
-    "gain_vs_random_ci90": [0.004, 0.02],
-    "gain_vs_worst": 0.0456,
+    "assignment": {
+        "node1": {"slot": 0, "ranks": [0, 7], "stage": 0, "replica": 0, "tp_group": 0},
+        "node2": {"slot": 1, "ranks": [8, 15], "stage": 1, "replica": 0, "tp_group": 1},
+    },
+    "gain_vs_random": 1.0234,
+    "gain_vs_random_ci90": [1.011, 1.035],
+    "gain_vs_worst": 1.0721,
     "drain": ["node5"],
 }
 
@@ -134,7 +137,9 @@ def test_diagnostics_and_data_numbers_appear(html, inputs):
 def test_sensitivity_placement_and_commands_are_escaped(html):
     assert "allreduce&lt;script&gt;" in html
     assert f"<td>{fmt_s(0.01234)}</td>" in html and f"<td>{fmt_p(0.25)}</td>" in html
-    assert f"<td>{fmt_s(0.0123)}</td>" in html and "node5" in html
+    assert f"<td>{fmt_p(0.125)}</td>" in html and "P(slowdown &gt; 10%)" in html
+    assert "1.023 (90% interval 1.011 – 1.035)" in html and "node5" in html
+    assert '<td class="t">node2</td><td class="t">stage 1, replica 0, tp group 1</td>' in html
     assert "bayesprism forecast fit.nc --plans &#x27;a&amp;b&#x27; -o f.nc" in html
 
 

@@ -23,7 +23,7 @@ def test_named_toml_files_equal_builtins(name):
 def test_named_specs_have_the_documented_shape():
     assert ModelSpec.load("step").kind == "step"
     robust = ModelSpec.load("robust")
-    assert robust.likelihood == "student_t" and robust.node_population == "mixture"
+    assert robust.likelihood == "student_t" and robust.gpu_population == "mixture"
     assert "cabinet" in ModelSpec.load("benchmark").levels
 
 

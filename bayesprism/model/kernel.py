@@ -87,6 +87,16 @@ def _check_tables(tables: Sequence[pd.DataFrame]) -> None:
         if missing:
             problems.append(Problem(src, ", ".join(missing), "required column(s) missing"))
             continue
+        for col in ("run", "node", "kernel", "kernel_class"):
+            missing_values = t[col].isna().to_numpy()
+            if missing_values.any():
+                problems.append(Problem(src, col, "is missing", int(missing_values.sum())))
+        for col in ("gpu", "step"):
+            values = pd.to_numeric(t[col], errors="coerce").to_numpy(dtype=float)
+            bad = ~(np.isfinite(values) & (values >= 0) & (values == np.round(values)))
+            if bad.any():
+                problems.append(Problem(src, col, "must be an integer >= 0", int(bad.sum()),
+                                        t[col].to_numpy()[bad][0]))
         d = pd.to_numeric(t["duration_us"], errors="coerce").to_numpy(dtype=float)
         bad = ~(np.isfinite(d) & (d > 0))
         if bad.any():
