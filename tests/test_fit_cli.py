@@ -47,3 +47,19 @@ def test_fit_cli_exits_2_with_one_line_per_problem(tmp_path, capsys):
     code = main(["fit", str(tmp_path / "missing.parquet"), "-o", str(tmp_path / "p.nc")])
     assert code == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_fit_cli_prints_a_summary_table(tmp_path, capsys):
+    table = tmp_path / "table.parquet"
+    write_table(tiny_kernel_table(), table)
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(tiny_spec().to_toml())
+    code = main(["fit", str(table), "-o", str(tmp_path / "post.nc"), "--model", str(spec),
+                 "--draws", "30", "--tune", "50", "--sampler", "nutpie", "--quiet"])
+    assert code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"saved {tmp_path / 'post.nc'} (kernel model, sampler nutpie")
+    assert lines[1].startswith("max R-hat ")
+    assert lines[2] == "variance components (CV per level, posterior median):"
+    assert lines[3].split() == ["node", "gpu", "step", "residual"]
+    assert [line.split()[0] for line in lines[4:]] == ["allreduce", "elementwise", "gemm"]

@@ -155,3 +155,17 @@ def test_dispatcher_uses_column_map(tmp_path):
     table = bp.read_traces([path], column_map={"dur": "duration_us"}, progress=False)
     assert table["duration_us"].tolist() == [3.0]
     assert isinstance(table, pd.DataFrame)
+
+
+def test_read_traces_keeps_metadata_of_every_run_in_one_table(tmp_path):
+    import bayesprism as bp
+
+    path = tmp_path / "multi.csv"
+    pd.DataFrame({
+        "run": ["a", "a", "b"], "step": [0, 1, 0], "rank": [0, 0, 0], "node": ["n"] * 3,
+        "gpu": [0] * 3, "kernel": ["k"] * 3, "kernel_class": ["gemm"] * 3,
+        "duration_us": [1.0, 2.0, 3.0],
+    }).to_csv(path, index=False)
+    table = bp.read_traces([path], progress=False)
+    assert sorted(table.attrs["runs"]) == ["a", "b"]
+    assert table.attrs["runs"]["b"]["source_files"] == [str(path)]

@@ -224,6 +224,17 @@ class IngestCollector:
         if text not in self.attrs["notes"]:
             self.attrs["notes"].append(text)
 
+    def _merge_run(self, run: str, meta: dict, source: str) -> None:
+        runs = self.attrs["runs"]
+        if run not in runs:
+            runs[run] = {**meta, "source_files": list(meta.get("source_files", [source]))}
+            return
+        entry = runs[run]
+        entry.setdefault("source_files", []).extend(meta.get("source_files", [source]))
+        for key, value in meta.items():
+            if key != "source_files" and entry.get(key) in (None, "unknown"):
+                entry[key] = value
+
     def add(self, path: Path, fmt: str, df: pd.DataFrame, report: dict) -> bool:
         """Merge one file's report; False when it conflicts with the files read before."""
         source = str(path)
@@ -235,16 +246,10 @@ class IngestCollector:
             self.skip(reason, int(count))
         for text in report.get("notes") or []:
             self.note(text)
-        meta = dict(report.get("run_meta") or {})
-        runs = self.attrs["runs"]
-        if run not in runs:
-            runs[run] = {**meta, "source_files": list(meta.get("source_files", [source]))}
-        else:
-            entry = runs[run]
-            entry.setdefault("source_files", []).extend(meta.get("source_files", [source]))
-            for key, value in meta.items():
-                if key != "source_files" and entry.get(key) in (None, "unknown"):
-                    entry[key] = value
+        # A tidy table may hold several runs: its reader reports each run's metadata.
+        metas = dict(report.get("runs") or {run: report.get("run_meta") or {}})
+        for run_name, run_meta in metas.items():
+            self._merge_run(str(run_name), dict(run_meta or {}), source)
         if "rank" in df:
             self.ranks_by_run.setdefault(run, set()).update(
                 int(r) for r in pd.unique(df["rank"]) if r >= 0)

@@ -268,8 +268,9 @@ def _run_parameterisation(by_run, run_median: pd.Series, runs: list[str],
 
     Compares the median standard error of a run's median log step time (robust:
     1.2533 * 1.4826 * MAD / sqrt(n)) with the standard deviation of run medians within a
-    configuration; centred when the error is below half that spread, else non-centred (on the MLPerf ladders: 0.41 for Llama 3.1 8B,
-    centred; 0.59 for GPT-3, non-centred, where the centred version diverged).
+    configuration; centred when the error is below half that spread, else non-centred (on the
+    MLPerf ladders the ratio is 0.41 for Llama 3.1 8B, centred, and 0.59 for GPT-3,
+    non-centred, where the centred version diverged).
     """
     mad = by_run.apply(lambda v: float(np.median(np.abs(v - np.median(v)))))
     n = by_run.size()
