@@ -135,7 +135,10 @@ def compose_steps(posterior, plan, *, replicates: int = 8,
     layout = target_layout(plan, attrs)
     p = {name: _flat(ds, name) for name in PARAMETERS}
     n_draws = p["mb_log_median"].shape[0]
-    reference_work = float(attrs.get("reference_work", 1.0))
+    if "reference_work" not in attrs:
+        raise InputError(Problem("posterior", "attrs.reference_work",
+                                 "is missing: not a step-model fit by bayesprism.fit"))
+    reference_work = float(attrs["reference_work"])
     work = layout["micro_batch_size"] / (layout["tp"] * layout["pp"] * layout["cp"])
     emax, smax = (float(v) for v in max_normal_moments(layout["world_size"]))
 

@@ -245,7 +245,8 @@ def test_fast_fit_lands_near_the_truth():
                                   degraded=(2, 6.0))
     spec = ModelSpec()
     with build(prepare([table], spec), spec):
-        fit = pm.sample(200, tune=200, chains=2, cores=1, nuts_sampler="pymc", random_seed=5,
+        fit = pm.sample(200, tune=300, chains=2, cores=1, nuts_sampler="pymc", random_seed=5,
+                        init="adapt_diag",
                         progressbar=False, compute_convergence_checks=False)
     post = fit.posterior
     assert int(fit.sample_stats["diverging"].sum()) < 10

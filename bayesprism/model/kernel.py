@@ -131,8 +131,8 @@ def _gpus_per_node(table: pd.DataFrame, run_codes: np.ndarray, run_labels: list[
 def _collective_rows(t: pd.DataFrame, classes: np.ndarray, class_labels: list[str]):
     """Mask of rows usable by the cost model and the tier of every row (0 intra, 1 inter)."""
     n = len(t)
-    is_coll = np.isin(np.asarray([*class_labels, ""], dtype=object)[classes],
-                      coll.COLLECTIVE_CLASSES)
+    # Look up per class code, never per row: 10^7 string comparisons cost seconds.
+    is_coll = np.array([c in coll.COLLECTIVE_CLASSES for c in class_labels] + [False])[classes]
     if not {"transfer_us", "bytes", "group_size"} <= set(t.columns):
         return is_coll, np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64)
     transfer = pd.to_numeric(t["transfer_us"], errors="coerce").to_numpy(dtype=float)
@@ -526,10 +526,12 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     n_classes = len(prepared.coords["kernel_class"])
     n_gs = len(prepared.coords["gpustep"])
 
-    # Cell statistics as fitted, for the constant_data group.
-    pm.Data("cell_kernel", d["cell_kernel"], dims="cell")
+    # Cell statistics as fitted, for the constant_data group. Large arrays enter the graph as
+    # data (shared variables), never as constants: numba would embed constants in the
+    # compiled code and LLVM then spends minutes on them.
+    cell_kernel = pm.Data("cell_kernel", d["cell_kernel"], dims="cell")
     pm.Data("cell_gpustep", d["cell_gpustep"], dims="cell")
-    pm.Data("cell_n", d["cell_n"], dims="cell")
+    cell_n = pm.Data("cell_n", d["cell_n"], dims="cell")
     pm.Data("cell_mean_log", d["cell_mean"], dims="cell")
     pm.Data("cell_ss_log", d["cell_ss"], dims="cell")
 
@@ -542,7 +544,8 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
         if level == "gpustep":
             continue
         loading, effect, centred = unit_level(level, prepared, spec)
-        beta = beta + centred[d[f"{level}_of_gpustep"]][:, None] * loading[None, :]
+        unit_of_gs = pm.Data(f"{level}_of_gpustep", d[f"{level}_of_gpustep"], dims="gpustep")
+        beta = beta + centred[unit_of_gs][:, None] * loading[None, :]
         if level in ("node", "cabinet"):
             shift = shift + loading[cls] * pt.mean(effect)
     pm.Deterministic("kernel_log_median", a_free - shift, dims="kernel")
@@ -555,20 +558,23 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
         return
     # Exact collapsed Gaussian likelihood (module docstring).
     delta = d["kernel_mean"] - a_free
+    block_dev = pm.Data("block_dev_log", d["block_dev"], dims=("gpustep", "kernel_class"))
+    block_n = pm.Data("block_n", d["block_n"], dims=("gpustep", "kernel_class"))
     n_kernels = len(cls)
     if len(d["cell_n"]) >= DENSE_FILL * n_gs * n_kernels and n_gs * n_kernels <= DENSE_MAX:
         # Most GPU-steps run most kernels: one dense (GPU-step × kernel) matrix product is far
         # cheaper than a scatter over cells, and so is its gradient.
         counts = np.zeros((n_gs, n_kernels))
         counts[d["cell_gpustep"], d["cell_kernel"]] = d["cell_n"]
+        counts = pm.Data("launch_count", counts, dims=("gpustep", "kernel"))
         onehot = np.eye(n_classes)[cls]
-        r0 = d["block_dev"] + pt.dot(counts, delta[:, None] * onehot)
+        r0 = block_dev + pt.dot(counts, delta[:, None] * onehot)
     else:
-        flat_block = d["cell_gpustep"] * n_classes + cls[d["cell_kernel"]]
-        r0 = d["block_dev"] + segment_sum(
-            d["cell_n"] * delta[d["cell_kernel"]], flat_block, n_gs * n_classes
+        flat_block = pm.Data("cell_block", d["cell_gpustep"] * n_classes + cls[d["cell_kernel"]],
+                             dims="cell")
+        r0 = block_dev + segment_sum(
+            cell_n * delta[cell_kernel], flat_block, n_gs * n_classes
         ).reshape((n_gs, n_classes))
-    block_n = d["block_n"]
     quad = (
         d["class_q"]
         + segment_sum(d["kernel_n"] * delta**2, cls, n_classes)
@@ -591,8 +597,9 @@ def _row_likelihood(prepared, spec, a_free, beta, resid, gpustep) -> None:
 
     d = prepared.data
     cls = d["kernel_class_of_kernel"]
-    k, gs = d["row_kernel"], d["row_gpustep"]
-    c = cls[k]
+    k = pm.Data("row_kernel", d["row_kernel"], dims="row")
+    gs = pm.Data("row_gpustep", d["row_gpustep"], dims="row")
+    c = pm.Data("row_class", cls[d["row_kernel"]], dims="row")
     mu = a_free[k] + beta[gs, c]
     if gpustep is not None:
         z = pm.Normal("gpustep_z", 0.0, 1.0, dims="gpustep")
