@@ -78,6 +78,10 @@ from bayesprism.schedules import Schedule, build_schedule, pipeline_finish
 from bayesprism.workload import PlanModel, build_plan_model, flat_draws
 
 EXACT_MAX_GPUS = 2048
+#: Default bound on a rank's slowdown: its compute multiplier ``exp(T)`` is capped at this.
+DEFAULT_MAX_SLOWDOWN = 20.0
+#: Share of posterior draws in which the cap binds above which ``compose`` warns.
+CAP_WARN_SHARE = 0.01
 #: Replicas holding the slowest nodes that the fast path simulates.
 TOP_REPLICAS = 3
 #: Random numbers per chunk of the exact path (bounds memory).
@@ -95,6 +99,27 @@ class _Shared:
     p2p_us: np.ndarray
     dp_us: np.ndarray  # exposed data-parallel communication per step
     fallback_us: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Streams:
+    """One independent generator per source of randomness, so the numbers a source draws never
+    depend on what (or whether) another source drew: counterfactuals with the same seed are on
+    common random numbers whatever their parameter values."""
+
+    shared: np.random.Generator  # step effect, congestion, collective noise
+    node: np.random.Generator  # new nodes' effects
+    gpu: np.random.Generator  # new GPUs' effects
+    transient: np.random.Generator  # GPU x step effects and launch residuals
+    order: np.random.Generator  # fast path: order-statistic uniforms of the slowest nodes
+    layout: np.random.Generator  # fast path: replicas and stages of the slowest nodes
+
+    @classmethod
+    def from_generator(cls, rng: np.random.Generator) -> _Streams:
+        # seeded from the generator's state (not its seed sequence), so the same state gives
+        # the same streams and successive calls with one generator get fresh streams
+        root = np.random.SeedSequence(rng.integers(0, 2**63, size=4).tolist())
+        return cls(*(np.random.default_rng(child) for child in root.spawn(6)))
 
 
 def rank_law(model: PlanModel) -> RankLaw:
@@ -138,16 +163,24 @@ def _posterior_subset(posterior: xr.DataTree, start: int, stop: int) -> xr.Datas
 
 
 def _new_effects(posterior, level: str, n: int, rng, loading: np.ndarray) -> np.ndarray:
-    """Standardised effects of ``n`` new units per draw (zeros when the level is not fitted)."""
-    from bayesprism.population import draw_effects
+    """Standardised effects of ``n`` new units per draw.
+
+    Drawn whenever the level has a population, whatever its loading (a loading of exactly 0
+    still consumes the same numbers of its stream); zeros only when the level was not fitted
+    and carries no loading.
+    """
+    from bayesprism.population import draw_effects, population_family
 
     draws = loading.shape[0]
-    if n == 0 or not np.any(loading):
+    if n == 0:
         return np.zeros((draws, n))
     try:
-        return draw_effects(posterior, level, n, rng)
+        population_family(posterior, level)
     except KeyError as exc:
+        if not np.any(loading):
+            return np.zeros((draws, n))
         raise InputError(Problem("posterior", f"{level}_population", str(exc))) from None
+    return draw_effects(posterior, level, n, rng)
 
 
 def _measured_effects(
@@ -189,33 +222,33 @@ def _measured_effects(
     return u, v
 
 
-def _rank_log_multipliers(model, posterior, cluster, replicates, rng, start, stop, persistent):
-    """T for every rank, shape (stop-start, R, G) (without the shared step term)."""
-    gpus = model.plan.gpus
-    lg = model.loading["gpustep"][start:stop, None, None]
-    z = rng.standard_normal((stop - start, replicates, gpus))
-    rho = rng.standard_normal((stop - start, replicates, gpus))
-    t = persistent[:, None, :] + lg * z
-    t += model.resid_mu[start:stop, None, None] + model.resid_sd[start:stop, None, None] * rho
-    return t
-
-
-def _persistent(model: PlanModel, posterior, cluster, rng, start: int, stop: int) -> np.ndarray:
+def _persistent(model: PlanModel, posterior, measured, streams, start: int, stop: int):
     """ln*u + lg*v of every rank for draws [start, stop), shape (n, G)."""
     plan, gpn = model.plan, model.gpus_per_node
     n_nodes = math.ceil(plan.gpus / gpn)
-    subset = _posterior_subset(posterior, start, stop)
+    d = model.draws
+    subset = posterior if (start, stop) == (0, d) else _posterior_subset(posterior, start, stop)
     lu = model.loading["node"][start:stop]
     lv = model.loading["gpu"][start:stop]
-    u_meas, v_meas = _measured_effects(posterior, cluster, n_nodes, gpn, model.draws)
-    u_meas, v_meas = u_meas[start:stop], v_meas[start:stop]
+    u_meas, v_meas = measured[0][start:stop], measured[1][start:stop]
     n_meas = u_meas.shape[1]
-    u = np.concatenate([u_meas, _new_effects(subset, "node", n_nodes - n_meas, rng, lu)], axis=1)
-    v = _new_effects(subset, "gpu", n_nodes * gpn, rng, lv).reshape(stop - start, n_nodes, gpn)
+    u_new = _new_effects(subset, "node", n_nodes - n_meas, streams.node, lu)
+    u = np.concatenate([u_meas, u_new], axis=1)
+    v = _new_effects(subset, "gpu", n_nodes * gpn, streams.gpu, lv)
+    v = v.reshape(stop - start, n_nodes, gpn)
     if n_meas:
         v[:, :n_meas] = np.where(np.isnan(v_meas), v[:, :n_meas], v_meas)
     per_rank = lu[:, None, None] * u[:, :, None] + lv[:, None, None] * v
     return per_rank.reshape(stop - start, -1)[:, : plan.gpus]
+
+
+def _transient(model: PlanModel, rng, rows, shape) -> np.ndarray:
+    """lgs*z + rho of rank-steps, ``shape`` = (draws of ``rows``, ...): GPU x step effects and
+    launch residuals."""
+    ix = (rows,) + (None,) * (len(shape) - 1)
+    z = rng.standard_normal(shape)
+    rho = rng.standard_normal(shape)
+    return model.loading["gpustep"][ix] * z + model.resid_mu[ix] + model.resid_sd[ix] * rho
 
 
 def _stage_times(model: PlanModel, shared: _Shared, multiplier: np.ndarray, sl):
@@ -232,23 +265,28 @@ def _stage_times(model: PlanModel, shared: _Shared, multiplier: np.ndarray, sl):
     return f, (bwd * multiplier + comm_b) / v, None
 
 
-def _exact(model, posterior, cluster, schedule, shared, replicates, rng):
-    """Slowest finish (D, R), mean and max rank multiplier (D, R) by simulating every rank."""
+def _exact(model, posterior, cluster, schedule, shared, replicates, streams, log_cap):
+    """Simulate every rank: slowest finish, mean and max rank multiplier (D, R) and whether
+    the slowdown cap bound in each draw (D,)."""
     plan = model.plan
     d_total, gpus = model.draws, plan.gpus
     chunk = max(1, _CHUNK_ELEMENTS // max(1, replicates * gpus))
     finish = np.empty((d_total, replicates))
     mean_mult = np.empty_like(finish)
     max_mult = np.empty_like(finish)
+    capped = np.zeros(d_total, dtype=bool)
     q = plan.tp * plan.cp
+    n_nodes = math.ceil(gpus / model.gpus_per_node)
+    measured = _measured_effects(posterior, cluster, n_nodes, model.gpus_per_node, d_total)
     for start in range(0, d_total, chunk):
         stop = min(d_total, start + chunk)
         sl = slice(start, stop)
-        persistent = _persistent(model, posterior, cluster, rng, start, stop)
-        t = _rank_log_multipliers(
-            model, posterior, cluster, replicates, rng, start, stop, persistent
-        )
+        persistent = _persistent(model, posterior, measured, streams, start, stop)
+        t = _transient(model, streams.transient, sl, (stop - start, replicates, gpus))
+        t += persistent[:, None, :]
         t += shared.step_log[sl][:, :, None]
+        capped[sl] = (t > log_cap).any(axis=(1, 2))
+        np.minimum(t, log_cap, out=t)
         mult = np.exp(t)
         mean_mult[sl] = mult.mean(axis=-1)
         max_mult[sl] = mult.max(axis=-1)
@@ -261,53 +299,36 @@ def _exact(model, posterior, cluster, schedule, shared, replicates, rng):
         f, b, w = _stage_times(model, shared, groups, sl)
         ends = pipeline_finish(schedule, f, b, w, shared.p2p_us[sl][..., None])
         finish[sl] = ends.max(axis=(-1, -2))
-    return finish, mean_mult, max_mult
+    return finish, mean_mult, max_mult, capped
 
 
-def _fast(model, posterior, cluster, schedule, shared, replicates, rng):
-    """Slowest finish, mean and max rank multiplier (D, R) without simulating every rank.
+def _fast(model, posterior, schedule, shared, replicates, streams, log_cap):
+    """Slowest finish, mean and max rank multiplier (D, R) without simulating every rank, and
+    whether the slowdown cap bound in each draw (D,). Every node is new (measured nodes go to
+    the exact path, which keeps their positions).
 
-    The ``TOP_REPLICAS`` slowest nodes (order statistics, new nodes by inverse CDF, measured
-    nodes simulated) sit on random stages of random replicas (sharing a replica when they draw
-    the same one), whose other stages are ordinary simulated stage groups; the step is the
-    slowest of these ``TOP_REPLICAS`` replicas.
+    The ``TOP_REPLICAS`` slowest nodes (order statistics by inverse CDF) sit on random stages
+    of random replicas (sharing a replica when they draw the same one), whose other stages are
+    ordinary simulated stage groups; the step is the slowest of these ``TOP_REPLICAS`` replicas.
     """
     plan, gpn = model.plan, model.gpus_per_node
     d, r = model.draws, replicates
     n_nodes = math.ceil(plan.gpus / gpn)  # the cluster may override the plan's GPUs per node
-    u_meas, v_meas = _measured_effects(posterior, cluster, n_nodes, gpn, d)
-    n_meas = u_meas.shape[1]
-    n_new = n_nodes - n_meas
     top = max(1, min(TOP_REPLICAS, n_nodes))  # slowest nodes placed explicitly
     sets = max(1, plan.dp // plan.ep)  # independent (groups of) replicas
     n_rep = min(top, sets)  # replicas simulated
     ln, lg, lgs = model.loading["node"], model.loading["gpu"], model.loading["gpustep"]
 
-    def transient(shape):
-        z = rng.standard_normal((d, r, *shape))
-        rho = rng.standard_normal((d, r, *shape))
-        ix = (slice(None), None) + (None,) * len(shape)
-        return lgs[ix] * z + model.resid_mu[ix] + model.resid_sd[ix] * rho
-
-    candidates = []
-    if n_new > 0:
-        # one cluster per posterior draw: the slowest nodes' order-statistic uniforms are
-        # correlated over replicates by the persistent share of a rank's log-multiplier
-        # variance (Gaussian copula), so the same nodes tend to be slowest in every step
-        k = min(top, n_new)
-        persistent_var = ln**2 + lg**2
-        share = persistent_var / np.maximum(persistent_var + lgs**2 + model.resid_sd**2, 1e-300)
-        share = np.sqrt(share)[:, None, None]
-        z = share * rng.standard_normal((d, 1, k)) + np.sqrt(1.0 - share**2) * (
-            rng.standard_normal((d, r, k)))
-        candidates.append(top_node_log_multipliers(rank_law(model), posterior, n_new, r, k,
-                                                   rng, uniforms=special.ndtr(z)))
-    if n_meas:
-        v_new = _new_effects(posterior, "gpu", n_meas * gpn, rng, lg).reshape(d, n_meas, gpn)
-        v = np.where(np.isnan(v_meas), v_new, v_meas)
-        persistent = ln[:, None, None] * u_meas[:, :, None] + lg[:, None, None] * v
-        candidates.append((persistent[:, None] + transient((n_meas, gpn))).max(axis=-1))
-    slowest = np.sort(np.concatenate(candidates, axis=-1), axis=-1)[..., ::-1][..., :top]
+    # one cluster per posterior draw: the slowest nodes' order-statistic uniforms are
+    # correlated over replicates by the persistent share of a rank's log-multiplier
+    # variance (Gaussian copula), so the same nodes tend to be slowest in every step
+    persistent_var = ln**2 + lg**2
+    share = persistent_var / np.maximum(persistent_var + lgs**2 + model.resid_sd**2, 1e-300)
+    share = np.sqrt(share)[:, None, None]
+    z = share * streams.order.standard_normal((d, 1, top)) + np.sqrt(1.0 - share**2) * (
+        streams.order.standard_normal((d, r, top)))
+    slowest = top_node_log_multipliers(rank_law(model), posterior, n_nodes, r, top,
+                                       streams.order, uniforms=special.ndtr(z))
 
     # ordinary stage groups of q consecutive ranks (redrawn per replicate); with expert
     # parallelism a stage advances with its ep partner replicas, whose groups follow it in
@@ -318,33 +339,36 @@ def _fast(model, posterior, cluster, schedule, shared, replicates, rng):
     stages = r * n_rep * plan.pp
     groups = np.empty((d, r, n_rep, plan.pp))
     mean_mult = np.empty((d, r))
+    capped = np.zeros(d, dtype=bool)
     chunk = max(1, _CHUNK_ELEMENTS // (stages * members))  # bounds memory
     for start in range(0, d, chunk):
         sl = slice(start, min(d, start + chunk))
         n = sl.stop - sl.start
         subset = posterior if n == d else _posterior_subset(posterior, sl.start, sl.stop)
         # persistent effects once per draw (the cluster), transients per replicate
-        u = _new_effects(subset, "node", n_rep * plan.pp * nodes_per_stage, rng, ln[sl])
+        u = _new_effects(subset, "node", n_rep * plan.pp * nodes_per_stage, streams.node, ln[sl])
         u = u.reshape(n, 1, n_rep, plan.pp, nodes_per_stage)
-        v = _new_effects(subset, "gpu", n_rep * plan.pp * members, rng, lg[sl])
+        v = _new_effects(subset, "gpu", n_rep * plan.pp * members, streams.gpu, lg[sl])
         v = v.reshape(n, 1, n_rep, plan.pp, members)
         ix = (sl, None, None, None, None)
-        t = np.broadcast_to(ln[ix] * u[..., np.arange(members) // gpn] + lg[ix] * v,
-                            (n, r, n_rep, plan.pp, members))
-        t = t + lgs[ix] * rng.standard_normal(t.shape) + model.resid_mu[ix]
-        t += model.resid_sd[ix] * rng.standard_normal(t.shape)
+        t = _transient(model, streams.transient, sl, (n, r, n_rep, plan.pp, members))
+        t += ln[ix] * u[..., np.arange(members) // gpn] + lg[ix] * v
         t += shared.step_log[sl][:, :, None, None, None]
-        mult = np.exp(t)
+        capped[sl] = (t > log_cap).any(axis=(1, 2, 3, 4))
+        mult = np.exp(np.minimum(t, log_cap))
         groups[sl] = mult.max(axis=-1)  # (n, R, n_rep, pp)
         mean_mult[sl] = mult.mean(axis=(-1, -2, -3))
-    slow = np.exp(slowest + shared.step_log[..., None])  # (D, R, top)
+    slowest = slowest + shared.step_log[..., None]
+    capped |= (slowest > log_cap).any(axis=(1, 2))
+    slow = np.exp(np.minimum(slowest, log_cap))  # (D, R, top)
     # ordinary stages hold none of the slowest nodes: cap them at the top-th slowest (their
     # conditional law given that, to first order in top/N per node)
     groups = np.minimum(groups, slow[..., -1:, None])
     # each slow node lands on a random stage of a random one of the dp/ep independent
     # (groups of) replicas; slow nodes that share a replica slow it together
-    replica = np.broadcast_to(rng.integers(0, sets, size=(d, 1, top)), (d, r, top))
-    position = np.broadcast_to(rng.integers(0, plan.pp, size=(d, 1, top)), (d, r, top))
+    replica = np.broadcast_to(streams.layout.integers(0, sets, size=(d, 1, top)), (d, r, top))
+    position = np.broadcast_to(streams.layout.integers(0, plan.pp, size=(d, 1, top)),
+                               (d, r, top))
     slot = np.zeros((d, r, top), dtype=np.int64)  # dense index of each node's replica
     fresh = np.zeros((d, r), dtype=np.int64)
     for k in range(top):
@@ -364,7 +388,7 @@ def _fast(model, posterior, cluster, schedule, shared, replicates, rng):
     ends = pipeline_finish(schedule, f, b, w, shared.p2p_us[..., None])
     finish = ends.max(axis=(-1, -2))
     max_mult = np.maximum(slow.max(axis=-1), groups.max(axis=(-1, -2)))
-    return finish, mean_mult, max_mult
+    return finish, mean_mult, max_mult, capped
 
 
 # ---------------------------------------------------------------------------- assembly
@@ -440,6 +464,43 @@ def _ideal_from_model(model: PlanModel) -> float:
     return float(step[0, 0]) / 1e6
 
 
+def _dominant_level(model: PlanModel, posterior, n_nodes: int) -> str:
+    """The level whose largest unit is typically the slowest: per level, the loading times the
+    population's 1 - 1/N quantile over its N units (median over draws)."""
+    from bayesprism.population import population_quantile
+
+    gpus = model.plan.gpus
+    spans = {}
+    for level, units in (("node", n_nodes), ("gpu", gpus)):
+        loading = model.loading[level]
+        if not np.any(loading):
+            continue
+        try:
+            top = population_quantile(posterior, level, 1.0 - 1.0 / (units + 1.0))
+        except KeyError:
+            continue
+        spans[level] = float(np.median(loading * top))
+    transient = np.sqrt(model.loading["gpustep"] ** 2 + model.resid_sd**2)
+    spans["transient (GPU x step, launch residual)"] = float(
+        np.median(model.resid_mu + transient * special.ndtri(1.0 - 1.0 / (gpus + 1.0))))
+    return max(spans, key=spans.get)
+
+
+def _warn_if_capped(model, posterior, capped: np.ndarray, max_slowdown: float) -> None:
+    share = float(np.mean(capped)) if capped.size else 0.0
+    if share > CAP_WARN_SHARE:
+        n_nodes = math.ceil(model.plan.gpus / model.gpus_per_node)
+        level = _dominant_level(model, posterior, n_nodes)
+        warnings.warn(
+            f"{model.plan.name}: the slowdown cap (max_slowdown = {max_slowdown:g}x a rank's "
+            f"typical pace) binds in {share:.0%} of posterior draws; the slowest units come "
+            f"from the {level} level, whose fitted tail would make them slower still "
+            "(check that population's fit)",
+            PlanWarning,
+            stacklevel=3,
+        )
+
+
 def compose(
     posterior: xr.DataTree,
     plan: ParallelPlan,
@@ -448,6 +509,7 @@ def compose(
     rng: np.random.Generator,
     cluster: Cluster | None = None,
     exact: bool | None = None,
+    max_slowdown: float = DEFAULT_MAX_SLOWDOWN,
 ) -> StepDraws:
     """Posterior predictive step-time draws of ``plan``, shape (chain*draw, replicates).
 
@@ -461,12 +523,20 @@ def compose(
     replicates
         Simulated steps per posterior draw.
     rng
-        Source of randomness (same generator state, same numbers).
+        Source of randomness (same generator state, same numbers; every source of randomness
+        gets its own stream seeded from it, so parameter values never shift another source's
+        numbers).
     cluster
         GPUs per node, link-tier overrides and measured nodes to use.
     exact
         Simulate every rank (True), use the order-statistics fast path (False) or decide by
-        scale (None: exact up to :data:`EXACT_MAX_GPUS` GPUs).
+        scale (None: exact up to :data:`EXACT_MAX_GPUS` GPUs). Measured nodes listed by the
+        cluster always take the exact path, which keeps their positions (``False`` then
+        warns).
+    max_slowdown
+        Largest multiplier of a rank's compute time (> 1); a rank's log-multiplier is capped
+        at ``log(max_slowdown)`` in both paths, with a ``PlanWarning`` when the cap binds in
+        more than :data:`CAP_WARN_SHARE` of the posterior draws.
     """
     if posterior.attrs.get("model_kind") == "step":
         from bayesprism.stepscale import compose_steps
@@ -476,14 +546,35 @@ def compose(
         raise InputError(
             Problem("arguments", "replicates", "must be a positive integer", example=replicates)
         )
+    if not (isinstance(max_slowdown, int | float) and max_slowdown > 1.0):
+        raise InputError(
+            Problem("arguments", "max_slowdown", "must be a number above 1", example=max_slowdown)
+        )
+    log_cap = math.log(max_slowdown)
     model = build_plan_model(posterior, plan, cluster)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlanWarning)
         typical_model = build_plan_model(posterior, plan, cluster, typical=True)
     ideal_s = _ideal_from_model(typical_model)
     schedule = _schedule_for(model, typical_model)
-    shared = _draw_shared(model, replicates, rng)
+    streams = _Streams.from_generator(rng)
+    shared = _draw_shared(model, replicates, streams.shared)
     use_exact = plan.gpus <= EXACT_MAX_GPUS if exact is None else bool(exact)
-    path = _exact if use_exact else _fast
-    finish, mean_mult, max_mult = path(model, posterior, cluster, schedule, shared, replicates, rng)
+    n_nodes = math.ceil(plan.gpus / model.gpus_per_node)
+    if not use_exact and cluster is not None and cluster.nodes[:n_nodes]:
+        if exact is False:
+            warnings.warn(
+                f"{plan.name}: the fast path cannot keep measured node positions; "
+                "composed exactly (every rank simulated)",
+                PlanWarning,
+                stacklevel=2,
+            )
+        use_exact = True
+    if use_exact:
+        finish, mean_mult, max_mult, capped = _exact(
+            model, posterior, cluster, schedule, shared, replicates, streams, log_cap)
+    else:
+        finish, mean_mult, max_mult, capped = _fast(
+            model, posterior, schedule, shared, replicates, streams, log_cap)
+    _warn_if_capped(model, posterior, capped, max_slowdown)
     return _assemble(model, shared, schedule, finish, mean_mult, max_mult, ideal_s)

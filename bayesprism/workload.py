@@ -64,6 +64,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -155,6 +156,116 @@ def _collective_model(posterior: xr.DataTree, group: xr.Dataset) -> set[str]:
     return {str(c).strip() for c in np.atleast_1d(raw) if str(c).strip()}
 
 
+@dataclass(frozen=True)
+class PosteriorArrays:
+    """What :func:`build_plan_model` reads from a kernel-level fit, as NumPy arrays flattened
+    over (chain, draw) in chain-major order: extracted once per posterior object
+    (:func:`posterior_arrays`), since xarray selections per kernel and class dominated the cost
+    of a composition."""
+
+    draws: int
+    traced: dict
+    modelled: frozenset
+    kernels: np.ndarray  # inventory kernels, with their class, role, launches, sizes, bytes
+    classes: np.ndarray
+    roles: np.ndarray
+    launches: np.ndarray
+    group_sizes: np.ndarray
+    nbytes: np.ndarray
+    log_median: dict  # kernel -> (D,)
+    class_scale: dict  # (level, kernel class) -> (D,), levels of LEVELS and "resid"
+    coll_cost: dict  # (variable, collective, tier) -> (D,)
+    coll_spread: dict  # (variable, collective) -> (D,): coll_noise, coll_congestion
+    idle_us: np.ndarray  # (D,)
+
+
+#: Extracted arrays per live posterior (keyed by ``id``; the entry is dropped when the
+#: posterior is garbage collected, so an id is never reused while its entry exists). A
+#: posterior edited in place after its first composition is not seen: edit a copy.
+_ARRAYS: dict[int, PosteriorArrays] = {}
+
+
+def _check_groups(posterior) -> None:
+    if (not isinstance(posterior, xr.DataTree) or "posterior" not in posterior.children
+            or "inventory" not in posterior.children):
+        raise InputError(
+            Problem(
+                "posterior",
+                "groups",
+                "needs the 'posterior' and 'inventory' "
+                "groups of a kernel-level fit (docs/artifacts.md)",
+            )
+        )
+
+
+def posterior_arrays(posterior: xr.DataTree) -> PosteriorArrays:
+    """The arrays of ``posterior`` that plan models need, extracted on first use and memoised
+    for as long as the posterior object lives."""
+    _check_groups(posterior)
+    key = id(posterior)
+    cached = _ARRAYS.get(key)
+    if cached is None:
+        cached = _extract_arrays(posterior)
+        _ARRAYS[key] = cached
+        weakref.finalize(posterior, _ARRAYS.pop, key, None)
+    return cached
+
+
+def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
+    group = posterior["posterior"].to_dataset()
+    inventory = posterior["inventory"].to_dataset()
+    traced = _traced_plan(inventory)
+    kernels = inventory["kernel_class"]["kernel"].to_numpy().astype(str)
+    n = kernels.shape
+
+    def column(name: str, default) -> np.ndarray:
+        return inventory[name].to_numpy() if name in inventory else np.full(n, default)
+
+    modelled = _collective_model(posterior, group)
+    medians = group["kernel_log_median"]
+    flat_medians = flat_draws(medians)
+    log_median = {str(k): flat_medians[:, i]
+                  for i, k in enumerate(medians["kernel"].to_numpy().astype(str))}
+    class_scale = {}
+    if "kernel_class" in group.coords:
+        class_names = group["kernel_class"].to_numpy().astype(str)
+        for level in (*LEVELS, "resid"):
+            name = f"{level}_scale"
+            if name in group and "kernel_class" in group[name].dims:
+                values = flat_draws(group[name].transpose("chain", "draw", "kernel_class"))
+                class_scale.update({(level, c): values[:, i] for i, c in enumerate(class_names)})
+    coll_cost, coll_spread = {}, {}
+    for name in ("coll_latency_us", "coll_bandwidth_gbps"):
+        if name in group:
+            da = group[name].transpose("chain", "draw", "collective", "tier")
+            values = flat_draws(da)
+            for i, c in enumerate(da["collective"].to_numpy().astype(str)):
+                for j, t in enumerate(da["tier"].to_numpy().astype(str)):
+                    coll_cost[(name, c, t)] = values[:, i, j]
+    for name in ("coll_noise", "coll_congestion"):
+        if name in group:
+            da = group[name].transpose("chain", "draw", "collective")
+            values = flat_draws(da)
+            for i, c in enumerate(da["collective"].to_numpy().astype(str)):
+                coll_spread[(name, c)] = values[:, i]
+    return PosteriorArrays(
+        draws=int(group.sizes["chain"] * group.sizes["draw"]),
+        traced=traced,
+        modelled=frozenset(modelled),
+        kernels=kernels,
+        classes=inventory["kernel_class"].to_numpy().astype(str),
+        roles=column("role", "unknown").astype(str),
+        launches=inventory["launches_per_step"].to_numpy().astype(float),
+        group_sizes=column("group_size", np.nan).astype(float),
+        nbytes=column("bytes_per_launch", np.nan).astype(float),
+        log_median=log_median,
+        class_scale=class_scale,
+        coll_cost=coll_cost,
+        coll_spread=coll_spread,
+        idle_us=_traced_idle_us(group, inventory, modelled, traced["gpus_per_node"]),
+    )
+
+
 @dataclass
 class CommTerm:
     """One kind of collective traffic of the target plan, deterministic per draw."""
@@ -199,18 +310,8 @@ def build_plan_model(
     With ``typical=True`` a single "draw" is built from the posterior medians with every
     variability scale set to zero: the plan's variability-free step.
     """
-    if "posterior" not in posterior.children or "inventory" not in posterior.children:
-        raise InputError(
-            Problem(
-                "posterior",
-                "groups",
-                "needs the 'posterior' and 'inventory' "
-                "groups of a kernel-level fit (docs/artifacts.md)",
-            )
-        )
-    group = posterior["posterior"].to_dataset()
-    inventory = posterior["inventory"].to_dataset()
-    traced = _traced_plan(inventory)
+    arrays = posterior_arrays(posterior)
+    traced = arrays.traced
     gpn = cluster.gpus_per_node if cluster is not None else plan.gpus_per_node
     if cluster is not None and cluster.gpus_per_node != plan.gpus_per_node:
         warnings.warn(
@@ -220,43 +321,20 @@ def build_plan_model(
             stacklevel=3,
         )
 
-    def per_draw(da: xr.DataArray) -> np.ndarray:
-        values = flat_draws(da)
+    def per_draw(values: np.ndarray) -> np.ndarray:
         return np.median(values, axis=0, keepdims=True) if typical else values
 
-    kernels = inventory["kernel_class"]["kernel"].to_numpy().astype(str)
-    classes = inventory["kernel_class"].to_numpy().astype(str)
-    roles = (
-        inventory["role"].to_numpy().astype(str)
-        if "role" in inventory
-        else np.full(kernels.shape, "unknown")
-    )
-    launches = inventory["launches_per_step"].to_numpy().astype(float)
-    group_sizes = (
-        inventory["group_size"].to_numpy().astype(float)
-        if "group_size" in inventory
-        else np.full(kernels.shape, np.nan)
-    )
-    nbytes = (
-        inventory["bytes_per_launch"].to_numpy().astype(float)
-        if "bytes_per_launch" in inventory
-        else np.full(kernels.shape, np.nan)
-    )
-    modelled = _collective_model(posterior, group)
-    median_kernels = set(group["kernel_log_median"]["kernel"].to_numpy().astype(str))
-
-    draws = 1 if typical else int(group.sizes["chain"] * group.sizes["draw"])
-    class_names = (
-        group["kernel_class"].to_numpy().astype(str)
-        if "kernel_class" in group.coords
-        else np.array([], dtype=str)
-    )
+    kernels, classes, roles = arrays.kernels, arrays.classes, arrays.roles
+    launches, group_sizes, nbytes = arrays.launches, arrays.group_sizes, arrays.nbytes
+    modelled = arrays.modelled
+    median_kernels = arrays.log_median
+    draws = 1 if typical else arrays.draws
 
     def class_scale(level: str, cls: str) -> np.ndarray:
-        name = f"{level}_scale"
-        if typical or name not in group or cls not in class_names:
+        values = arrays.class_scale.get((level, cls))
+        if typical or values is None:
             return np.zeros(draws)
-        return flat_draws(group[name].sel(kernel_class=cls))
+        return values
 
     tp0, pp0, cp0, m0 = traced["tp"], traced["pp"], traced["cp"], traced["microbatches"]
     tp, pp, cp, m = plan.tp, plan.pp, plan.cp, plan.microbatches
@@ -286,7 +364,7 @@ def build_plan_model(
         if name not in median_kernels:
             skipped.append(name)
             continue
-        typical_us = np.exp(per_draw(group["kernel_log_median"].sel(kernel=name)))
+        typical_us = np.exp(per_draw(median_kernels[name]))
         if is_coll:
             count = launches[k] * (1.0 if role == "dp" else m * per_mb_launch_factor)
             # a role's collectives vanish when the target drops a parallelism the trace had
@@ -431,9 +509,8 @@ def build_plan_model(
             for kind in kinds:
                 comm_specs.append((kind, "dp", dp_group, per_bucket, buckets, tier))
 
-    idle = _traced_idle_us(group, inventory, modelled, traced["gpus_per_node"])
-    idle = np.median(idle, keepdims=True) if typical else idle
-    comms = [_comm_term(group, spec, per_draw, typical, cluster) for spec in comm_specs]
+    idle = per_draw(arrays.idle_us)
+    comms = [_comm_term(arrays, spec, per_draw, typical, cluster) for spec in comm_specs]
     for cls, det in fallback:
         zeros = np.zeros(draws)
         comms.append(CommTerm(cls, "fallback", det, zeros, zeros, zeros))
@@ -451,9 +528,9 @@ def build_plan_model(
     )
 
 
-def _comm_term(group: xr.Dataset, spec, per_draw, typical: bool, cluster: Cluster | None):
+def _comm_term(arrays: PosteriorArrays, spec, per_draw, typical: bool, cluster: Cluster | None):
     kind, where, size, nbytes, count, tier = spec
-    if "coll_latency_us" not in group:
+    if not arrays.coll_cost:
         raise InputError(
             Problem(
                 "posterior",
@@ -461,7 +538,7 @@ def _comm_term(group: xr.Dataset, spec, per_draw, typical: bool, cluster: Cluste
                 "the plan needs the collective cost model, absent from the fit",
             )
         )
-    available = set(group["coll_latency_us"]["collective"].to_numpy().astype(str))
+    available = {c for (name, c, _) in arrays.coll_cost if name == "coll_latency_us"}
     source = kind if kind in available else "allreduce"
     if source not in available:
         raise InputError(
@@ -472,8 +549,8 @@ def _comm_term(group: xr.Dataset, spec, per_draw, typical: bool, cluster: Cluste
                 example=sorted(available),
             )
         )
-    latency = per_draw(group["coll_latency_us"].sel(collective=source, tier=tier))
-    bandwidth = per_draw(group["coll_bandwidth_gbps"].sel(collective=source, tier=tier))
+    latency = per_draw(arrays.coll_cost[("coll_latency_us", source, tier)])
+    bandwidth = per_draw(arrays.coll_cost[("coll_bandwidth_gbps", source, tier)])
     if cluster is not None and cluster.tiers and tier in cluster.tiers:
         override = cluster.tiers[tier]
         if "latency_us" in override:
@@ -484,9 +561,10 @@ def _comm_term(group: xr.Dataset, spec, per_draw, typical: bool, cluster: Cluste
     draws = one.shape[0]
 
     def scalar(name: str) -> np.ndarray:
-        if typical or name not in group:
+        values = arrays.coll_spread.get((name, source))
+        if typical or values is None:
             return np.zeros(draws)
-        return flat_draws(group[name].sel(collective=source))
+        return values
 
     noise = scalar("coll_noise")
     launches = max(count, 1.0)

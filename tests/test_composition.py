@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
-from _kernel_posteriors import gemm_only, kernel_posterior
+from posterior_builders import gemm_only, kernel_posterior
 from scipy import stats
 
 from bayesprism.composition import build_plan_model, compose, ideal_step_time, rank_law

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import xarray as xr
-from artifact_builders import CLASSES, SLOW_NODE, make_posterior, spec_attrs
+from posterior_builders import SLOW_NODE, TRUTH_CLASSES, spec_attrs, truth_posterior
 
 from bayesprism.cli.main import main
 from bayesprism.diagnostics import (
@@ -22,7 +22,7 @@ from bayesprism.diagnostics import (
 
 @pytest.fixture(scope="module")
 def good_fit() -> xr.DataTree:
-    return make_posterior(seed=0)
+    return truth_posterior(seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_known_truth_fit_passes_every_check(good_report):
     assert good_report.divergences == 0
     # independent normal energies: BFMI = E[(ΔE)²] / Var(E) = 2
     assert 1.6 < good_report.bfmi_min < 2.4
-    assert set(good_report.ppc) == set(CLASSES)
+    assert set(good_report.ppc) == set(TRUTH_CLASSES)
     for cls, numbers in good_report.ppc.items():
         assert numbers["n_cells"] == (144 if cls == "gemm" else 72)
         assert 0.8 <= numbers["coverage_90"] <= 1.0, (cls, numbers)
@@ -74,7 +74,7 @@ def test_to_dict_has_the_documented_keys_and_is_json(good_report):
 
 
 def test_shifted_class_fails_the_predictive_check_and_names_the_class(good_fit):
-    report = diagnose(make_posterior(seed=0, shift_class="attention", shift=1.0))
+    report = diagnose(truth_posterior(seed=0, shift_class="attention", shift=1.0))
     assert not report.ok
     assert report.ppc["attention"]["coverage_90"] < 0.1
     assert report.ppc["attention"]["ks_distance"] > 0.8
@@ -317,7 +317,7 @@ def test_step_time_check_compares_traced_and_composed_step_time(good_fit, good_r
 
 
 def test_unlinked_cells_are_predicted_marginally_with_a_note():
-    report = diagnose(make_posterior(seed=0, link_units=False))
+    report = diagnose(truth_posterior(seed=0, link_units=False))
     assert any("cells are not linked to their node" in n for n in report.notes)
     assert any("cells are not linked to their gpu_unit" in n for n in report.notes)
     # wider (marginal) predictions still cover the data: no false misfit

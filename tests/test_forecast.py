@@ -9,7 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
-from _kernel_posteriors import gemm_only
+from posterior_builders import gemm_only
 
 from bayesprism.cli import forecast as cli_forecast
 from bayesprism.errors import InputError

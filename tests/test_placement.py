@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
-from analysis_builders import make_posterior
+from posterior_builders import analysis_posterior
 
 from bayesprism.cli.place import format_table
 from bayesprism.composition import compose
@@ -73,7 +73,7 @@ def _step_with_slow_node_at(post, plan, slot: int, slow: str, n: int) -> float:
 @pytest.fixture(scope="module")
 def degraded():
     """Eight typical nodes and n5 degraded (+3 sd, GEMM/attention 35% slower on it)."""
-    post = make_posterior(
+    post = analysis_posterior(
         draws=4,
         node_effect=_nodes(8, {"n5": 3.0}),
         scales={"node": {"gemm": 0.1, "attention": 0.1}},
@@ -101,14 +101,14 @@ def test_degraded_node_goes_where_the_schedule_has_slack(degraded):
 
 def test_placement_cannot_gain_without_slack():
     """Plain data parallelism: every slot is equivalent, every placement equally good."""
-    post = make_posterior(
+    post = analysis_posterior(
         draws=4, node_effect=_nodes(4, {"n1": 3.0}), scales={"node": {"gemm": 0.1}}
     )
     result = place(post, _plan(dp=8), draws=4, replicates=8)
     assert result["gain_vs_random"] == pytest.approx(1.0, abs=1e-12)
     assert result["gain_vs_worst"] == pytest.approx(1.0, abs=1e-12)
     # with transient noise the best of many noisy evaluations is not reported as a gain
-    noisy = make_posterior(
+    noisy = analysis_posterior(
         draws=4,
         node_effect=_nodes(4, {"n1": 3.0}),
         scales={"node": {"gemm": 0.1}, "gpustep": {"gemm": 0.05}},
@@ -119,7 +119,7 @@ def test_placement_cannot_gain_without_slack():
 
 
 def test_slow_nodes_share_one_tensor_parallel_group_in_the_stage_with_slack():
-    post = make_posterior(
+    post = analysis_posterior(
         draws=4,
         node_effect=_nodes(4, {"n1": 3.0, "n2": 3.0}),
         scales={"node": {"gemm": 0.1, "attention": 0.1}},
@@ -139,7 +139,7 @@ def test_draining_the_degraded_node_is_the_first_advice(degraded):
 
 
 def test_a_degraded_node_with_a_spare_is_left_out():
-    post = make_posterior(
+    post = analysis_posterior(
         draws=4,
         node_effect=_nodes(9, {"n5": 3.0}),
         scales={"node": {"gemm": 0.1, "attention": 0.1}},
@@ -153,7 +153,7 @@ def test_a_degraded_node_with_a_spare_is_left_out():
 
 
 def test_results_are_reproducible_with_a_seed():
-    post = make_posterior(
+    post = analysis_posterior(
         draws=6,
         node_effect=_nodes(8, {"n5": 2.0, "n2": 1.0}),
         node_effect_sd=0.5,
@@ -178,7 +178,7 @@ def test_drained_cluster_shrinks_dp_only_without_spares():
 
 
 def test_bad_input_is_named():
-    post = make_posterior(draws=2, node_effect=_nodes(4))
+    post = analysis_posterior(draws=2, node_effect=_nodes(4))
     with pytest.raises(
         PlanError, match="nodes: the plan needs 8 nodes of 2 GPUs; only 4 measured nodes"
     ):
@@ -187,7 +187,7 @@ def test_bad_input_is_named():
         place(post, _plan(dp=2), cluster=Cluster(gpus_per_node=2, nodes=("n0", "x9")), draws=2)
     with pytest.raises(InputError, match="objective: must be one of"):
         place(post, _plan(dp=2), objective="median", draws=2)
-    assert rank_nodes(make_posterior(draws=2, node_effect={"a": 0.0, "b": 1.0})) == ["b", "a"]
+    assert rank_nodes(analysis_posterior(draws=2, node_effect={"a": 0.0, "b": 1.0})) == ["b", "a"]
 
 
 def test_cli_prints_json_and_tables(tmp_path, degraded, capsys):

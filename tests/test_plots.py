@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from artifact_builders import make_forecast, make_posterior
 from PIL import Image
+from posterior_builders import forecast_tree, truth_posterior
 
 from bayesprism import plots
 from bayesprism.diagnostics import diagnose, worst_draws
@@ -15,13 +15,13 @@ from bayesprism.report import forecast_summary
 
 @pytest.fixture(scope="module")
 def fit_and_report():
-    fit = make_posterior(seed=1)
+    fit = truth_posterior(seed=1)
     return fit, diagnose(fit)
 
 
 @pytest.fixture(scope="module")
 def summary():
-    return forecast_summary(make_forecast(seed=1))
+    return forecast_summary(forecast_tree(seed=1))
 
 
 def _check_png(path, title: str) -> None:

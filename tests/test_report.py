@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-from artifact_builders import make_forecast, make_posterior
+from posterior_builders import forecast_tree, truth_posterior
 
 from bayesprism.cli.main import main
 from bayesprism.diagnostics import diagnose
@@ -46,8 +46,8 @@ PLACEMENT = {
 
 @pytest.fixture(scope="module")
 def inputs():
-    fit = make_posterior(seed=2)
-    forecast = make_forecast(seed=2)
+    fit = truth_posterior(seed=2)
+    forecast = forecast_tree(seed=2)
     return fit, forecast, diagnose(fit)
 
 

@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
-from analysis_builders import make_posterior
+from posterior_builders import analysis_posterior
 
 from bayesprism.cli.sensitivity import format_table
 from bayesprism.errors import InputError
@@ -31,7 +31,7 @@ def _entry(result: dict, factor: str, level: str) -> dict:
 def noisy_posterior():
     """GEMM: most of the work, GPU x step spread 0.1. Norm: 1% of the work, spread 0.5 (5x the
     CV of GEMM). AllReduce: noise 0.5 and congestion 0.8 (the largest spread of all)."""
-    return make_posterior(
+    return analysis_posterior(
         draws=20,
         scales={"gpustep": {"gemm": 0.1, "norm": 0.5}},
         coll_noise={"allreduce": 0.5},
@@ -71,7 +71,7 @@ def test_exposed_collective_takes_the_lead_when_not_overlapped(noisy_posterior):
 
 def test_p95_delta_of_a_shared_step_effect_matches_the_lognormal_quantile():
     """One GPU, step effect of GEMM only: step = C exp(l w) with l = 0.2 x GEMM's work share."""
-    post = make_posterior(draws=10, scales={"step": {"gemm": 0.2}})
+    post = analysis_posterior(draws=10, scales={"step": {"gemm": 0.2}})
     result = sensitivity(post, _plan(dp=1), draws=10, replicates=2000, random_seed=1)
     compute_s, share = 0.0302, 20_000 / 30_200
     expected = compute_s * (np.exp(0.2 * share * 1.6448536) - 1.0)
@@ -93,7 +93,7 @@ def test_results_are_reproducible_with_a_seed(noisy_posterior):
 
 
 def test_thin_draws_keeps_evenly_spaced_draws_of_all_chains():
-    post = make_posterior(chains=2, draws=10, node_effect_sd=1.0)
+    post = analysis_posterior(chains=2, draws=10, node_effect_sd=1.0)
     thinned = thin_draws(post, 4)
     group = thinned["posterior"]
     assert dict(group.sizes)["chain"] == 1 and dict(group.sizes)["draw"] == 4
@@ -109,7 +109,7 @@ def test_printed_table_lists_sources_with_spread(noisy_posterior):
 
 
 def test_bad_input_is_refused():
-    post = make_posterior(draws=2)
+    post = analysis_posterior(draws=2)
     with pytest.raises(InputError, match="arguments: draws: must be at least 1"):
         sensitivity(post, _plan(dp=1), draws=0)
     post.attrs["model_kind"] = "step"

@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
-from analysis_builders import make_posterior
+from posterior_builders import analysis_posterior
 
 from bayesprism.analysis import Changes, what_if
 from bayesprism.collectives import transfer_time_us
@@ -28,7 +28,7 @@ def _plan(**kw) -> ParallelPlan:
 
 
 def test_faster_class_shortens_a_deterministic_step_exactly():
-    post = make_posterior(draws=6)
+    post = analysis_posterior(draws=6)
     result = what_if(post, _plan(dp=1), {"faster": {"gemm": 0.1}}, draws=6, replicates=3)
     assert result["base"]["mean_s"] == pytest.approx(COMPUTE_US / 1e6, rel=1e-9)
     assert result["deltas"]["mean_s"]["estimate"] == pytest.approx(-0.1 * GEMM_US / 1e6, rel=1e-9)
@@ -38,7 +38,7 @@ def test_faster_class_shortens_a_deterministic_step_exactly():
 
 
 def test_bandwidth_and_latency_change_the_data_parallel_allreduce_exactly():
-    post = make_posterior(draws=4)
+    post = analysis_posterior(draws=4)
     plan = _plan(dp=4)  # 4 ranks on 2 nodes: the gradient AllReduce uses the inter tier
     # traced gradients: 2 buckets of 5e7 bytes; inter tier of allreduce: 20 µs, 20 GB/s
     one = transfer_time_us("allreduce", 4, 5e7, 20.0, 20.0)
@@ -59,7 +59,7 @@ def test_bandwidth_and_latency_change_the_data_parallel_allreduce_exactly():
 
 def test_no_change_gives_exactly_zero_deltas_under_variability():
     """Common random numbers: the same draws and seed give identical forecasts."""
-    post = make_posterior(
+    post = analysis_posterior(
         draws=10,
         scales={"gpustep": {"gemm": 0.2}, "step": {"attention": 0.1}},
         coll_noise={"allreduce": 0.3},
@@ -71,7 +71,7 @@ def test_no_change_gives_exactly_zero_deltas_under_variability():
 
 
 def test_microbatches_and_schedule_match_direct_compositions_with_the_same_seed():
-    post = make_posterior(draws=8, scales={"gpustep": {"gemm": 0.1}})
+    post = analysis_posterior(draws=8, scales={"gpustep": {"gemm": 0.1}})
     base_plan = _plan(dp=1, pp=4, microbatches=4, schedule="gpipe", activation_bytes=1e6)
     result = what_if(
         post,
@@ -98,7 +98,7 @@ def _nodes(n: int, slow: str | None = "n5") -> dict[str, float]:
 
 
 def test_drain_with_a_spare_keeps_the_plan_and_removes_the_slow_node():
-    post = make_posterior(draws=4, scales={"node": {"gemm": 0.1}}, node_effect=_nodes(9))
+    post = analysis_posterior(draws=4, scales={"node": {"gemm": 0.1}}, node_effect=_nodes(9))
     plan = _plan(dp=2, tp=2, pp=4, microbatches=8, activation_bytes=1e6)
     cluster = Cluster(gpus_per_node=2, nodes=tuple(f"n{i}" for i in range(9)))
     result = what_if(post, plan, {"drain": 1}, cluster=cluster, draws=4, replicates=2)
@@ -111,7 +111,7 @@ def test_drain_with_a_spare_keeps_the_plan_and_removes_the_slow_node():
 
 
 def test_drain_without_spares_shrinks_data_parallelism_and_keeps_the_global_batch():
-    post = make_posterior(draws=4, scales={"node": {"gemm": 0.1}}, node_effect=_nodes(8))
+    post = analysis_posterior(draws=4, scales={"node": {"gemm": 0.1}}, node_effect=_nodes(8))
     plan = _plan(dp=2, tp=2, pp=4, microbatches=8, activation_bytes=1e6)
     result = what_if(post, plan, {"drain": ["n5"]}, draws=4, replicates=2)
     assert result["drained"] == ["n5"]
@@ -132,7 +132,7 @@ def test_drain_without_spares_shrinks_data_parallelism_and_keeps_the_global_batc
     ],
 )
 def test_bad_changes_are_named(changes, message):
-    post = make_posterior(draws=2)
+    post = analysis_posterior(draws=2)
     with pytest.raises(InputError) as info:
         what_if(post, _plan(dp=1), changes, draws=2, replicates=1)
     assert message in str(info.value)

@@ -1,0 +1,132 @@
+"""Regressions of the composition (issue 4 follow-up): common random numbers under zero
+loadings, the slowdown cap of heavy tails, measured node positions above the exact limit, and
+the per-posterior array cache."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import numpy as np
+import pytest
+from _kernel_posteriors import gemm_only
+
+from bayesprism import composition, workload
+from bayesprism.composition import compose
+from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
+
+VARIABLE = {"node": {"gemm": 0.08}, "gpu": {"gemm": 0.04}, "gpustep": {"gemm": 0.02},
+            "resid": {"gemm": 0.3}, "step": {"gemm": 0.02}}
+
+
+def quiet_compose(*args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)
+        return compose(*args, **kwargs)
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fast"])
+def test_zero_node_loading_keeps_every_other_random_number(exact):
+    # removing the node loading must change the node terms only: with a node population of
+    # zero spread in the reference (node_scale tiny but drawn) and exactly 0 in the
+    # counterfactual, both runs see the same GPU, step and residual numbers
+    tiny = {**VARIABLE, "node": {"gemm": 1e-300}}
+    zero = {**VARIABLE, "node": {"gemm": 0.0}}
+    plan = ParallelPlan(dp=64, tp=8, pp=4, microbatches=8)
+    a = quiet_compose(gemm_only(draws=20, scales=tiny), plan, replicates=3,
+                      rng=np.random.default_rng(5), exact=exact)
+    b = quiet_compose(gemm_only(draws=20, scales=zero), plan, replicates=3,
+                      rng=np.random.default_rng(5), exact=exact)
+    np.testing.assert_allclose(a.step_time_s, b.step_time_s, rtol=1e-12)
+
+
+def test_zero_gpu_loading_with_student_t_nodes_keeps_common_random_numbers():
+    # Student-t draws consume a parameter-dependent amount of the stream (rejection sampling):
+    # the other sources must not see it
+    params = {"node_nu": 4.0}
+    tiny = {**VARIABLE, "gpu": {"gemm": 1e-300}}
+    zero = {**VARIABLE, "gpu": {"gemm": 0.0}}
+    plan = ParallelPlan(dp=32, tp=8, pp=2, microbatches=4)
+    kw = {"draws": 10, "node_population": "student_t", "population_params": params}
+    a = quiet_compose(gemm_only(scales=tiny, **kw), plan, replicates=2,
+                      rng=np.random.default_rng(2))
+    b = quiet_compose(gemm_only(scales=zero, **kw), plan, replicates=2,
+                      rng=np.random.default_rng(2))
+    np.testing.assert_allclose(a.step_time_s, b.step_time_s, rtol=1e-12)
+
+
+HEAVY = {"node": {"gemm": 0.5}, "gpustep": {"gemm": 0.02}, "resid": {"gemm": 0.1}}
+
+
+def heavy_posterior(draws: int = 30):
+    return gemm_only(draws=draws, scales=HEAVY, node_population="student_t",
+                     population_params={"node_nu": 1.1})
+
+
+def test_heavy_tailed_nodes_are_capped_at_max_slowdown_and_warned():
+    post = heavy_posterior()
+    plan = ParallelPlan(dp=65536)
+    with pytest.warns(PlanWarning, match=r"slowdown cap .*20x.* binds in .* node"):
+        steps = compose(post, plan, replicates=2, rng=np.random.default_rng(0))
+    ideal = steps.ideal_step_time_s
+    assert np.all(np.isfinite(steps.step_time_s)) and np.all(np.isfinite(steps.wait_s))
+    # no rank runs slower than 20x its typical pace (residual mean factor aside)
+    assert steps.step_time_s.max() <= 20.0 * ideal * (1 + 1e-9)
+    assert np.median(steps.step_time_s) > 10.0 * ideal  # the cap binds: the slowest node
+    total = steps.compute_s + steps.exposed_comm_s + steps.bubble_s + steps.wait_s
+    np.testing.assert_allclose(total, steps.step_time_s)
+    wider = quiet_compose(post, plan, replicates=2, rng=np.random.default_rng(0),
+                          max_slowdown=100.0)
+    assert wider.step_time_s.max() > 20.0 * ideal
+
+
+def test_capped_exact_and_fast_paths_agree():
+    post = heavy_posterior(draws=200)
+    plan = ParallelPlan(dp=256, tp=8, pp=1)  # 2,048 GPUs: both paths run
+    exact = quiet_compose(post, plan, replicates=4, rng=np.random.default_rng(1), exact=True)
+    fast = quiet_compose(post, plan, replicates=4, rng=np.random.default_rng(1), exact=False)
+    levels = [0.05, 0.25, 0.5, 0.75, 0.95]
+    np.testing.assert_allclose(np.quantile(fast.step_time_s, levels),
+                               np.quantile(exact.step_time_s, levels), rtol=0.03)
+    assert fast.step_time_s.max() <= 20.0 * fast.ideal_step_time_s * (1 + 1e-9)
+
+
+def test_max_slowdown_must_exceed_one():
+    from bayesprism.errors import InputError
+
+    with pytest.raises(InputError) as exc:
+        quiet_compose(gemm_only(draws=2), ParallelPlan(dp=8), rng=np.random.default_rng(0),
+                      max_slowdown=1.0)
+    assert exc.value.lines() == ["arguments: max_slowdown: must be a number above 1, e.g. 1.0"]
+
+
+def test_measured_node_positions_are_kept_above_the_exact_limit():
+    # 4,096 GPUs on 512 nodes, the first two measured, one very slow: with the default
+    # (exact=None) the measured nodes keep their stages, i.e. the exact path's numbers
+    measured = {"slow": 3.0, "fine": 0.0}
+    post = gemm_only(draws=4, scales={"node": {"gemm": 0.1}, "resid": {"gemm": 0.05}},
+                     measured_nodes=measured)
+    plan = ParallelPlan(dp=256, tp=8, pp=2, microbatches=4)
+    cluster = Cluster(nodes=tuple(measured))
+    auto = quiet_compose(post, plan, replicates=2, rng=np.random.default_rng(4), cluster=cluster)
+    exact = quiet_compose(post, plan, replicates=2, rng=np.random.default_rng(4), cluster=cluster,
+                          exact=True)
+    np.testing.assert_array_equal(auto.step_time_s, exact.step_time_s)
+    with pytest.warns(PlanWarning, match="measured node positions"):
+        forced = compose(post, plan, replicates=2, rng=np.random.default_rng(4), cluster=cluster,
+                         exact=False)
+    np.testing.assert_array_equal(forced.step_time_s, exact.step_time_s)
+
+
+def test_posterior_arrays_are_extracted_once_and_released_with_the_posterior():
+    post = gemm_only(draws=5, scales=VARIABLE)
+    plan = ParallelPlan(dp=16, tp=2)
+    first = workload.posterior_arrays(post)
+    quiet_compose(post, plan, replicates=1, rng=np.random.default_rng(0))
+    assert workload.posterior_arrays(post) is first
+    key = id(post)
+    assert key in workload._ARRAYS
+    del post, first
+    gc.collect()
+    assert key not in workload._ARRAYS
+    assert composition.DEFAULT_MAX_SLOWDOWN == 20.0
