@@ -35,6 +35,7 @@ from bayesprism.sensitivity import (
     with_posterior_group,
 )
 from bayesprism.slots import cluster_nodes, drained_cluster, rank_nodes, with_nodes
+from bayesprism.workload import collective_model_classes
 
 __all__ = ["Changes", "place", "sensitivity", "what_if"]
 
@@ -50,7 +51,7 @@ class Changes:
     faster
         Kernel class -> fraction x in [0, 1): every kernel of the class takes (1 − x) of its
         time (``kernel_log_median`` shifted by log(1 − x)). For a collective with the fitted
-        cost model (``posterior.attrs["collective_model"]``) its transfer time is scaled
+        cost model (``collective_model`` in the posterior group's attrs) its transfer time is scaled
         instead (latency × (1 − x), bandwidth ÷ (1 − x)).
     bandwidth
         Collective (``"allreduce"``) or collective and tier (``"allreduce/inter"``) ->
@@ -181,7 +182,7 @@ def _collective_selection(group: xr.Dataset, name: str, key: str, field_name: st
 def apply_changes(posterior: xr.DataTree, changes: Changes) -> xr.DataTree:
     """A copy of ``posterior`` with the kernel-speed and collective changes applied."""
     group = posterior_group(posterior)
-    cost_model = set(_as_list(posterior.attrs.get("collective_model", [])))
+    cost_model = collective_model_classes(posterior, group)
     for cls, fraction in changes.faster.items():
         if fraction == 0:
             continue
@@ -211,17 +212,6 @@ def apply_changes(posterior: xr.DataTree, changes: Changes) -> xr.DataTree:
             selection = _collective_selection(group, name, key, field_name)
             group = scale_variable(group, name, multiplier, **selection)
     return with_posterior_group(posterior, group)
-
-
-def _as_list(value) -> list[str]:
-    if isinstance(value, str):
-        import json
-
-        try:
-            value = json.loads(value)
-        except ValueError:
-            value = [v for v in value.replace(",", " ").split() if v]
-    return [str(v) for v in np.atleast_1d(value)]
 
 
 def _plan_summary(plan) -> dict:

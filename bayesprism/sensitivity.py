@@ -41,10 +41,9 @@ LEVEL_SCALES: dict[str, str] = {
 }
 #: Posterior variables that make up the "collective" level (per-transfer noise, shared congestion).
 COLLECTIVE_SPREAD: tuple[str, ...] = ("coll_noise", "coll_congestion")
-#: Multiplier that "removes" a loading. Not exactly 0: the composition skips drawing the effects
-#: of a level whose loading is 0 in every draw, which would shift the random stream and break the
-#: common random numbers; 1e-12 of a loading changes no step time by more than ~1e-12 relative.
-REMOVED = 1e-12
+#: Multiplier that "removes" a loading: exactly 0 (the composition draws every source of
+#: randomness from its own stream whatever the parameter values, so common random numbers hold).
+REMOVED = 0.0
 
 
 # --------------------------------------------------------------------------- posterior editing
@@ -291,8 +290,8 @@ def sensitivity(
     For every kernel class × level (``node``, ``gpu``, ``step``, ``gpustep``, ``residual``,
     ``cabinet`` when fitted), for every collective at level ``collective`` (its transfer noise
     and shared congestion together), and for ``factor="all"`` classes/collectives of each level,
-    the plan is recomposed with that loading set to zero (in practice 1e-12 of it, see
-    :data:`REMOVED`) and to half its value, with the same
+    the plan is recomposed with that loading set to zero (:data:`REMOVED`) and to half its
+    value, with the same
     posterior draws and seed as the base forecast (common random numbers).
 
     Parameters

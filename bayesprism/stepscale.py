@@ -35,9 +35,11 @@ from bayesprism.draws import StepDraws
 from bayesprism.errors import InputError, Problem
 
 PARAMETERS: tuple[str, ...] = (
-    "mb_log_median", "work_exponent", "bubble_fraction", "rank_sigma", "comm_per_doubling",
-    "run_sd", "slot_noise", "step_noise",
+    "mb_log_median", "work_exponent", "bubble_efficiency", "rank_sigma", "comm_latency",
+    "comm_intra", "comm_inter", "run_sd", "slot_noise", "step_noise",
 )
+#: the slow-step component of the noise mixture (absent when the fit used ``noise = "normal"``)
+MIXTURE: tuple[str, ...] = ("slow_weight", "slow_shift", "slow_spread")
 
 
 def _positive(plan, name: str, default: int | None = 1) -> int:
@@ -57,6 +59,7 @@ def target_layout(plan, posterior_attrs: dict) -> dict:
     """World size, dp, tp, pp, cp, microbatches, virtual_stages, micro_batch_size of a plan."""
     layout = {name: _positive(plan, name) for name in ("dp", "tp", "pp", "cp", "microbatches",
                                                         "virtual_stages")}
+    layout["gpus_per_node"] = _positive(plan, "gpus_per_node", 8)
     world = getattr(plan, "world_size", None) or getattr(plan, "gpus", None)
     layout["world_size"] = int(world) if world else (layout["dp"] * layout["tp"] * layout["pp"]
                                                      * layout["cp"])
@@ -125,7 +128,7 @@ def compose_steps(posterior, plan, *, replicates: int = 8,
     StepDraws
         Arrays of shape (draw, replicate), seconds; breakdown as in the module docstring.
     """
-    from bayesprism.model.step import max_normal_moments
+    from bayesprism.model.step import comm_terms, max_normal_moments, schedule_bubble_slots
 
     if isinstance(replicates, bool) or int(replicates) != replicates or replicates < 1:
         raise InputError(Problem("arguments", "replicates", "must be a positive integer",
@@ -143,11 +146,17 @@ def compose_steps(posterior, plan, *, replicates: int = 8,
     emax, smax = (float(v) for v in max_normal_moments(layout["world_size"]))
 
     slot = np.exp(p["mb_log_median"] + p["work_exponent"] * np.log(work / reference_work))
-    bubble_slots = p["bubble_fraction"] * (layout["pp"] - 1) / layout["virtual_stages"]
+    bubble_slots = p["bubble_efficiency"] * schedule_bubble_slots(layout["pp"],
+                                                                  layout["virtual_stages"])
     slots = layout["microbatches"] + bubble_slots
     compute = layout["microbatches"] * slot
     bubble = bubble_slots * slot
-    comm = np.exp(p["mb_log_median"]) * p["comm_per_doubling"] * np.log2(layout["dp"])
+    terms = comm_terms(layout["dp"] * layout["cp"], layout["tp"], layout["pp"],
+                       layout["tp"] * layout["cp"] * layout["dp"], layout["gpus_per_node"],
+                       float(attrs.get("reference_tp_pp", layout["tp"] * layout["pp"])))
+    comm = np.exp(p["mb_log_median"]) * (p["comm_latency"] * terms["latency_steps"]
+                                         + p["comm_intra"] * terms["intra_bandwidth"]
+                                         + p["comm_inter"] * terms["inter_bandwidth"])
     location = np.log((compute + bubble) * np.exp(p["rank_sigma"] * emax) + comm)
     if "config_sd" in ds:
         label = _config_label(layout)
@@ -159,14 +168,16 @@ def compose_steps(posterior, plan, *, replicates: int = 8,
     run_effect = p["run_sd"] * rng.standard_normal(n_draws)
     noise_sd = np.sqrt((p["rank_sigma"] ** 2 * smax**2 + p["slot_noise"] ** 2) / slots
                        + p["step_noise"] ** 2)
-    if "step_nu" in ds:
-        nu = _flat(ds, "step_nu")
-        standard = rng.standard_t(np.broadcast_to(nu[:, None], (n_draws, replicates)))
-    else:
-        standard = rng.standard_normal((n_draws, replicates))
-    step = np.exp((location + run_effect)[:, None] + noise_sd[:, None] * standard)
-
     shape = (n_draws, replicates)
+    log_step = (location + run_effect)[:, None] + noise_sd[:, None] * rng.standard_normal(shape)
+    if all(name in ds for name in MIXTURE):
+        weight, shift, spread = (_flat(ds, name)[:, None] for name in MIXTURE)
+        slow = rng.random(shape) < weight
+        # the slow component: shifted by slow_shift, spread sqrt(noise_sd^2 + slow_spread^2)
+        extra = shift + spread * rng.standard_normal(shape)
+        log_step = log_step + np.where(slow, extra, 0.0)
+    step = np.exp(log_step)
+
     compute_s = np.broadcast_to(compute[:, None], shape).copy()
     bubble_s = np.broadcast_to(bubble[:, None], shape).copy()
     comm_s = np.broadcast_to(comm[:, None], shape).copy()

@@ -4,7 +4,10 @@
 ``inventory`` groups) and a :class:`~bayesprism.plan.ParallelPlan` into per-draw typical times:
 forward/backward compute per micro-batch, optimizer time, every collective's transfer time by
 the ring cost model of ``bayesprism.collectives``, and the effective variability loadings that
-``bayesprism.composition`` samples from. NumPy only.
+``bayesprism.composition`` samples from. NumPy only. What it reads from the fit is extracted
+once per posterior object into a :class:`PosteriorArrays` (:func:`posterior_arrays`, memoised
+while the object lives), so recomposing one posterior (placement search, sensitivity, what-if)
+costs no xarray selections.
 
 Scaling from the traced run to the target plan
 ----------------------------------------------
@@ -143,7 +146,8 @@ def _traced_idle_us(
     return np.clip(np.nan_to_num(gap.to_numpy(), nan=0.0), 0.0, None)
 
 
-def _collective_model(posterior: xr.DataTree, group: xr.Dataset) -> set[str]:
+def collective_model_classes(posterior: xr.DataTree, group: xr.Dataset) -> set[str]:
+    """Collective classes that have the ring cost model (posterior group attrs, contract)."""
     raw = posterior.attrs.get("collective_model", group.attrs.get("collective_model"))
     if raw is None:
         return (
@@ -179,10 +183,16 @@ class PosteriorArrays:
     idle_us: np.ndarray  # (D,)
 
 
-#: Extracted arrays per live posterior (keyed by ``id``; the entry is dropped when the
-#: posterior is garbage collected, so an id is never reused while its entry exists). A
-#: posterior edited in place after its first composition is not seen: edit a copy.
-_ARRAYS: dict[int, PosteriorArrays] = {}
+#: Extracted arrays per live posterior, keyed by ``id`` (the entry is dropped when the posterior
+#: is garbage collected, so an id is never reused while its entry exists), with the identities
+#: of the posterior and inventory groups' variables: replacing a variable in place (``tree[
+#: "posterior"]["x"] = ...``) re-extracts; editing a NumPy buffer in place is not seen.
+_ARRAYS: dict[int, tuple[tuple[int, ...], PosteriorArrays]] = {}
+
+
+def _fingerprint(posterior: xr.DataTree) -> tuple[int, ...]:
+    return tuple(id(v) for name in ("posterior", "inventory")
+                 for v in posterior[name].variables.values())
 
 
 def _check_groups(posterior) -> None:
@@ -202,13 +212,15 @@ def posterior_arrays(posterior: xr.DataTree) -> PosteriorArrays:
     """The arrays of ``posterior`` that plan models need, extracted on first use and memoised
     for as long as the posterior object lives."""
     _check_groups(posterior)
-    key = id(posterior)
+    key, fingerprint = id(posterior), _fingerprint(posterior)
     cached = _ARRAYS.get(key)
     if cached is None:
-        cached = _extract_arrays(posterior)
-        _ARRAYS[key] = cached
         weakref.finalize(posterior, _ARRAYS.pop, key, None)
-    return cached
+    elif cached[0] == fingerprint:
+        return cached[1]
+    arrays = _extract_arrays(posterior)
+    _ARRAYS[key] = (fingerprint, arrays)
+    return arrays
 
 
 def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
@@ -221,7 +233,7 @@ def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
     def column(name: str, default) -> np.ndarray:
         return inventory[name].to_numpy() if name in inventory else np.full(n, default)
 
-    modelled = _collective_model(posterior, group)
+    modelled = collective_model_classes(posterior, group)
     medians = group["kernel_log_median"]
     flat_medians = flat_draws(medians)
     log_median = {str(k): flat_medians[:, i]

@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
-from posterior_builders import gemm_only, kernel_posterior
+from posterior_builders import GEMM_SPREAD, gemm_only, kernel_posterior, quiet_compose
 from scipy import stats
 
 from bayesprism.composition import build_plan_model, compose, ideal_step_time, rank_law
@@ -16,14 +16,6 @@ from bayesprism.extremes import top_node_log_multipliers
 from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
 
 LOG100 = float(np.log(100.0))
-VARIABLE = {"node": {"gemm": 0.08}, "gpu": {"gemm": 0.04}, "gpustep": {"gemm": 0.02},
-            "resid": {"gemm": 0.3}, "step": {"gemm": 0.02}}
-
-
-def quiet_compose(*args, **kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PlanWarning)
-        return compose(*args, **kwargs)
 
 
 def dp_posterior(**kwargs):
@@ -143,7 +135,7 @@ def test_measured_nodes_use_their_own_effects():
 
 
 def test_same_seed_same_numbers_other_seed_other_numbers():
-    post = gemm_only(draws=20, scales=VARIABLE)
+    post = gemm_only(draws=20, scales=GEMM_SPREAD)
     plan = ParallelPlan(dp=4, tp=8, pp=2, microbatches=4)
     a = quiet_compose(post, plan, replicates=4, rng=np.random.default_rng(7))
     b = quiet_compose(post, plan, replicates=4, rng=np.random.default_rng(7))
@@ -157,7 +149,7 @@ def test_same_seed_same_numbers_other_seed_other_numbers():
 
 
 def test_ideal_step_is_the_variability_free_step():
-    post = gemm_only(draws=50, scales=VARIABLE)
+    post = gemm_only(draws=50, scales=GEMM_SPREAD)
     plan = ParallelPlan(dp=2, tp=8, pp=2, microbatches=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlanWarning)
@@ -204,7 +196,7 @@ def test_fast_path_max_over_gpus_of_a_node():
     ParallelPlan(dp=64, tp=4, pp=4, ep=8, microbatches=8, schedule="zero-bubble"),
 ], ids=lambda p: p.name)
 def test_fast_path_quantiles_within_one_percent_of_exact(plan):
-    post = gemm_only(draws=300, scales=VARIABLE)
+    post = gemm_only(draws=300, scales=GEMM_SPREAD)
     exact = quiet_compose(post, plan, replicates=8, rng=np.random.default_rng(3), exact=True)
     fast = quiet_compose(post, plan, replicates=8, rng=np.random.default_rng(3), exact=False)
     levels = [0.05, 0.25, 0.5, 0.75, 0.95]
@@ -221,9 +213,9 @@ def test_fast_path_quantiles_within_one_percent_of_exact(plan):
 @pytest.mark.parametrize("with_dp_comm", [False, True])
 def test_p95_does_not_decrease_with_dp_at_fixed_work_per_gpu(with_dp_comm):
     if with_dp_comm:
-        post = dp_posterior(draws=100, scales=VARIABLE, coll_noise=0.1, coll_congestion=0.05)
+        post = dp_posterior(draws=100, scales=GEMM_SPREAD, coll_noise=0.1, coll_congestion=0.05)
     else:
-        post = gemm_only(draws=100, scales=VARIABLE)
+        post = gemm_only(draws=100, scales=GEMM_SPREAD)
     p95 = []
     for dp in (1, 2, 8, 32, 128, 512, 2048, 4096, 32768):  # exact up to 2048, then fast
         steps = quiet_compose(post, ParallelPlan(dp=dp), replicates=4,

@@ -10,9 +10,11 @@ import warnings
 import numpy as np
 import pytest
 from _kernel_posteriors import gemm_only
+from scipy import stats
 
 from bayesprism import composition, workload
-from bayesprism.composition import compose
+from bayesprism.composition import build_plan_model, compose, rank_law
+from bayesprism.extremes import top_node_log_multipliers
 from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
 
 VARIABLE = {"node": {"gemm": 0.08}, "gpu": {"gemm": 0.04}, "gpustep": {"gemm": 0.02},
@@ -81,14 +83,41 @@ def test_heavy_tailed_nodes_are_capped_at_max_slowdown_and_warned():
 
 
 def test_capped_exact_and_fast_paths_agree():
-    post = heavy_posterior(draws=200)
-    plan = ParallelPlan(dp=256, tp=8, pp=1)  # 2,048 GPUs: both paths run
-    exact = quiet_compose(post, plan, replicates=4, rng=np.random.default_rng(1), exact=True)
-    fast = quiet_compose(post, plan, replicates=4, rng=np.random.default_rng(1), exact=False)
-    levels = [0.05, 0.25, 0.5, 0.75, 0.95]
+    # node scale 0.02 with nu = 1.1 on 256 nodes: the cap binds in ~30% of the steps
+    post = gemm_only(draws=1000, scales={**HEAVY, "node": {"gemm": 0.02}},
+                     node_population="student_t", population_params={"node_nu": 1.1})
+    plan = ParallelPlan(dp=256, tp=8)  # 2,048 GPUs: both paths run
+    exact = quiet_compose(post, plan, replicates=2, rng=np.random.default_rng(1), exact=True)
+    fast = quiet_compose(post, plan, replicates=2, rng=np.random.default_rng(1), exact=False)
+    ideal = exact.ideal_step_time_s
+    at_cap = [np.mean(s.step_time_s > 19.9 * ideal) for s in (exact, fast)]
+    assert 0.2 < at_cap[0] < 0.4
+    assert at_cap[1] == pytest.approx(at_cap[0], abs=0.05)
+    levels = [0.05, 0.25, 0.5]
     np.testing.assert_allclose(np.quantile(fast.step_time_s, levels),
-                               np.quantile(exact.step_time_s, levels), rtol=0.03)
-    assert fast.step_time_s.max() <= 20.0 * fast.ideal_step_time_s * (1 + 1e-9)
+                               np.quantile(exact.step_time_s, levels), rtol=0.15)
+    assert max(s.step_time_s.max() for s in (exact, fast)) <= 20.0 * ideal * (1 + 1e-9)
+
+
+@pytest.mark.parametrize(("nu", "n_nodes"), [(1.1, 256), (1.1, 8192), (1.5, 1000)])
+def test_order_statistics_of_power_law_nodes(nu, n_nodes):
+    # maxima of very heavy tails spread over decades: the inverse CDF must still be exact
+    scale = 0.02
+    post = gemm_only(draws=200, scales={"node": {"gemm": scale}}, node_population="student_t",
+                     population_params={"node_nu": nu})
+    model = build_plan_model(post, ParallelPlan(dp=n_nodes * 8))
+    top = top_node_log_multipliers(rank_law(model), post, n_nodes, 10, 2,
+                                   np.random.default_rng(0))
+    dist = stats.t(nu)
+    assert np.all(np.isfinite(top))
+    first = stats.kstest(top[..., 0].ravel(), lambda x: dist.cdf(x / scale) ** n_nodes)
+    assert first.pvalue > 0.01
+
+    def second_cdf(x):
+        f, sf = dist.cdf(x / scale), dist.sf(x / scale)
+        return f**n_nodes + n_nodes * f ** (n_nodes - 1) * sf
+
+    assert stats.kstest(top[..., 1].ravel(), second_cdf).pvalue > 0.01
 
 
 def test_max_slowdown_must_exceed_one():
@@ -124,9 +153,15 @@ def test_posterior_arrays_are_extracted_once_and_released_with_the_posterior():
     first = workload.posterior_arrays(post)
     quiet_compose(post, plan, replicates=1, rng=np.random.default_rng(0))
     assert workload.posterior_arrays(post) is first
+    # a variable replaced in place is seen
+    post["posterior"]["node_scale"] = post["posterior"]["node_scale"] * 2.0
+    edited = workload.posterior_arrays(post)
+    assert edited is not first
+    np.testing.assert_allclose(edited.class_scale[("node", "gemm")],
+                               2 * first.class_scale[("node", "gemm")])
     key = id(post)
     assert key in workload._ARRAYS
-    del post, first
+    del post, first, edited
     gc.collect()
     assert key not in workload._ARRAYS
     assert composition.DEFAULT_MAX_SLOWDOWN == 20.0

@@ -9,15 +9,13 @@ import warnings
 
 import numpy as np
 import pytest
-from posterior_builders import gemm_only
+from posterior_builders import GEMM_SPREAD, gemm_only
 
 from bayesprism.cli import forecast as cli_forecast
 from bayesprism.errors import InputError
 from bayesprism.forecast import SIMULATED_STEPS_MAX, forecast, summarize_forecast
 from bayesprism.plan import ParallelPlan, PlanWarning
 
-VARIABLE = {"node": {"gemm": 0.08}, "gpu": {"gemm": 0.04}, "gpustep": {"gemm": 0.02},
-            "resid": {"gemm": 0.3}, "step": {"gemm": 0.02}}
 STEP_KEYS = {"mean", "p05", "p25", "p50", "p75", "p95", "p99", "ci90"}
 
 
@@ -29,7 +27,7 @@ def _no_plan_warnings():
 
 
 def test_forecast_layout_follows_the_contract():
-    post = gemm_only(draws=20, scales=VARIABLE)
+    post = gemm_only(draws=20, scales=GEMM_SPREAD)
     plans = [ParallelPlan(name="a", dp=2, pp=2, microbatches=4),
              ParallelPlan(name="b", dp=4, tp=8, microbatches=2, steps=10)]
     fc = forecast(post, plans, draws=10, replicates=3, progress=False, steps=50,
@@ -70,7 +68,7 @@ def test_deterministic_training_time_slowdown_and_finish_probabilities():
 
 
 def test_slowdown_probability_is_the_fraction_of_draws_above():
-    post = gemm_only(draws=30, scales=VARIABLE)
+    post = gemm_only(draws=30, scales=GEMM_SPREAD)
     fc = forecast(post, ParallelPlan(dp=8, tp=8), draws=30, replicates=4, progress=False,
                   thresholds=(1.4, 1.6))
     ds = fc.to_dataset().isel(plan=0)
@@ -82,7 +80,7 @@ def test_slowdown_probability_is_the_fraction_of_draws_above():
 
 
 def test_same_seed_same_numbers():
-    post = gemm_only(draws=20, scales=VARIABLE)
+    post = gemm_only(draws=20, scales=GEMM_SPREAD)
     plans = [ParallelPlan(dp=4, tp=8, pp=2, microbatches=4)]
     a = forecast(post, plans, draws=20, replicates=4, random_seed=11, progress=False, steps=500)
     b = forecast(post, plans, draws=20, replicates=4, random_seed=11, progress=False, steps=500)
@@ -94,7 +92,7 @@ def test_same_seed_same_numbers():
 
 
 def test_normal_sum_matches_the_simulated_sum_of_steps():
-    post = gemm_only(draws=200, scales=VARIABLE)
+    post = gemm_only(draws=200, scales=GEMM_SPREAD)
     plan = ParallelPlan(dp=2, tp=8)
     short = forecast(post, plan, steps=SIMULATED_STEPS_MAX, draws=200, replicates=16,
                      progress=False)["training_time_s"].values / SIMULATED_STEPS_MAX
@@ -105,7 +103,7 @@ def test_normal_sum_matches_the_simulated_sum_of_steps():
 
 
 def test_summary_has_the_documented_keys():
-    post = gemm_only(draws=20, scales=VARIABLE)
+    post = gemm_only(draws=20, scales=GEMM_SPREAD)
     fc = forecast(post, ParallelPlan(name="p", dp=4, tp=8, microbatches=2), draws=20,
                   replicates=4, progress=False, steps=100, deadlines_s=[0.5])
     summary = summarize_forecast(fc, include_draws=True)
@@ -161,7 +159,7 @@ def test_cli_builds_plans_from_flags_files_and_the_traced_plan(tmp_path):
 
 
 def test_cli_table_lists_every_plan():
-    post = gemm_only(draws=10, scales=VARIABLE)
+    post = gemm_only(draws=10, scales=GEMM_SPREAD)
     fc = forecast(post, [ParallelPlan(name="small", dp=2), ParallelPlan(name="big", dp=512)],
                   draws=10, replicates=2, progress=False)
     table = cli_forecast.format_table(summarize_forecast(fc))
@@ -176,7 +174,7 @@ def test_cli_end_to_end_json_and_netcdf(tmp_path, capsys):
     from bayesprism.cli.main import main
 
     post_path = tmp_path / "post.nc"
-    io.save(gemm_only(draws=20, scales=VARIABLE), post_path)
+    io.save(gemm_only(draws=20, scales=GEMM_SPREAD), post_path)
     plan_path = tmp_path / "plans.toml"
     plan_path.write_text('[[plan]]\nname = "a"\ndp = 2\n[[plan]]\nname = "b"\ndp = 16\n')
     out_json, out_nc = tmp_path / "fc.json", tmp_path / "fc.nc"

@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
-from posterior_builders import analysis_posterior
+from posterior_builders import analysis_plan, analysis_posterior
 
 from bayesprism.cli.place import format_table
 from bayesprism.composition import compose
 from bayesprism.errors import InputError, PlanError
 from bayesprism.placement import place
-from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
+from bayesprism.plan import Cluster
 from bayesprism.slots import drained_cluster, rank_nodes, slots_of
 
 pytestmark = pytest.mark.filterwarnings("ignore::bayesprism.plan.PlanWarning")
 
 
-def _plan(**kw) -> ParallelPlan:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PlanWarning)
-        return ParallelPlan(gpus_per_node=2, activation_bytes=1e6, **kw)
+def _plan(**kw):
+    return analysis_plan(activation_bytes=1e6, **kw)
 
 
 def _nodes(n: int, slow: dict[str, float] | None = None) -> dict[str, float]:

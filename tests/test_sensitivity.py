@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
-from posterior_builders import analysis_posterior
+from posterior_builders import analysis_plan, analysis_posterior
 
 from bayesprism.cli.sensitivity import format_table
 from bayesprism.errors import InputError
-from bayesprism.plan import ParallelPlan, PlanWarning
 from bayesprism.sensitivity import sensitivity, thin_draws
 
 pytestmark = pytest.mark.filterwarnings("ignore::bayesprism.plan.PlanWarning")
-
-
-def _plan(**kw) -> ParallelPlan:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PlanWarning)
-        return ParallelPlan(gpus_per_node=2, **kw)
 
 
 def _entry(result: dict, factor: str, level: str) -> dict:
@@ -40,7 +31,7 @@ def noisy_posterior():
 
 
 def test_critical_path_class_dominates_an_overlapped_high_variance_class(noisy_posterior):
-    plan = _plan(dp=4, microbatches=2, overlap=1.0)  # gradient AllReduce fully hidden
+    plan = analysis_plan(dp=4, microbatches=2, overlap=1.0)  # gradient AllReduce fully hidden
     result = sensitivity(noisy_posterior, plan, draws=20, replicates=64)
     ranked = [(e["factor"], e["level"]) for e in result["contributions"] if e["factor"] != "all"]
     assert ranked[0] == ("gemm", "gpustep")
@@ -63,7 +54,8 @@ def test_critical_path_class_dominates_an_overlapped_high_variance_class(noisy_p
 
 
 def test_exposed_collective_takes_the_lead_when_not_overlapped(noisy_posterior):
-    result = sensitivity(noisy_posterior, _plan(dp=4, microbatches=2), draws=20, replicates=64)
+    result = sensitivity(noisy_posterior, analysis_plan(dp=4, microbatches=2), draws=20,
+                         replicates=64)
     ranked = [(e["factor"], e["level"]) for e in result["contributions"] if e["factor"] != "all"]
     assert ranked[0] == ("allreduce", "collective")
     assert _entry(result, "allreduce", "collective")["p95_delta_ci90"][0] > 0
@@ -72,7 +64,7 @@ def test_exposed_collective_takes_the_lead_when_not_overlapped(noisy_posterior):
 def test_p95_delta_of_a_shared_step_effect_matches_the_lognormal_quantile():
     """One GPU, step effect of GEMM only: step = C exp(l w) with l = 0.2 x GEMM's work share."""
     post = analysis_posterior(draws=10, scales={"step": {"gemm": 0.2}})
-    result = sensitivity(post, _plan(dp=1), draws=10, replicates=2000, random_seed=1)
+    result = sensitivity(post, analysis_plan(dp=1), draws=10, replicates=2000, random_seed=1)
     compute_s, share = 0.0302, 20_000 / 30_200
     expected = compute_s * (np.exp(0.2 * share * 1.6448536) - 1.0)
     entry = _entry(result, "gemm", "step")
@@ -83,7 +75,7 @@ def test_p95_delta_of_a_shared_step_effect_matches_the_lognormal_quantile():
 
 
 def test_results_are_reproducible_with_a_seed(noisy_posterior):
-    plan = _plan(dp=4, microbatches=2)
+    plan = analysis_plan(dp=4, microbatches=2)
     first = sensitivity(noisy_posterior, plan, draws=5, replicates=8, random_seed=7)
     again = sensitivity(noisy_posterior, plan, draws=5, replicates=8, random_seed=7)
     other = sensitivity(noisy_posterior, plan, draws=5, replicates=8, random_seed=8)
@@ -102,7 +94,7 @@ def test_thin_draws_keeps_evenly_spaced_draws_of_all_chains():
 
 
 def test_printed_table_lists_sources_with_spread(noisy_posterior):
-    result = sensitivity(noisy_posterior, _plan(dp=4), draws=3, replicates=4)
+    result = sensitivity(noisy_posterior, analysis_plan(dp=4), draws=3, replicates=4)
     text = format_table(result, "dp4", top=3)
     assert "allreduce       collective" in text
     assert "sources have no spread in the posterior" in text
@@ -111,10 +103,10 @@ def test_printed_table_lists_sources_with_spread(noisy_posterior):
 def test_bad_input_is_refused():
     post = analysis_posterior(draws=2)
     with pytest.raises(InputError, match="arguments: draws: must be at least 1"):
-        sensitivity(post, _plan(dp=1), draws=0)
+        sensitivity(post, analysis_plan(dp=1), draws=0)
     post.attrs["model_kind"] = "step"
     with pytest.raises(InputError, match="model_kind: sensitivity needs a kernel-level posterior"):
-        sensitivity(post, _plan(dp=1))
+        sensitivity(post, analysis_plan(dp=1))
 
 
 def test_cli_prints_json_and_tables(tmp_path, noisy_posterior, capsys):

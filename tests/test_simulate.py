@@ -32,6 +32,16 @@ def simulated(tmp_path_factory):
     return out, truth, traces
 
 
+@pytest.fixture(scope="session")
+def simulated_table(simulated):
+    """The simulated traces read back by ``bayesprism.read_traces`` (once a session)."""
+    if importlib.util.find_spec("bayesprism.ingest.kineto") is None:
+        pytest.skip("the Kineto reader is not written yet")
+    import bayesprism
+
+    return bayesprism.read_traces([simulated[0]], progress=False)
+
+
 def _kernels(doc):
     return [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
 
@@ -226,15 +236,9 @@ def test_cli(tmp_path, capsys):
     assert "simulate: nodes: must be >= 1" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("bayesprism.ingest.kineto") is None,
-    reason="the Kineto reader is not written yet",
-)
-def test_read_back_with_read_traces(simulated):
-    import bayesprism
-
-    out, truth, _ = simulated
-    table = bayesprism.read_traces([out], progress=False)
+def test_read_back_with_read_traces(simulated, simulated_table):
+    _, truth, _ = simulated
+    table = simulated_table
     world = truth["world_size"]
     assert sorted(table["rank"].unique()) == list(range(world))
     assert set(table["node"].astype(str)) == set(truth["hosts"])
@@ -283,16 +287,10 @@ def test_every_bucket_is_launched_when_buckets_outnumber_layers(tmp_path):
     assert truth["collectives"]["allreduce"]["tier"] == "intra"
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("bayesprism.ingest.kineto") is None,
-    reason="the Kineto reader is not written yet",
-)
-def test_ingested_transfer_matches_truth(simulated):
+def test_ingested_transfer_matches_truth(simulated, simulated_table):
     """The ingest wait/transfer split recovers the simulated transfer of every call."""
-    import bayesprism
-
-    out, truth, _ = simulated
-    table = bayesprism.read_traces([out], progress=False)
+    _, truth, _ = simulated
+    table = simulated_table
     coll = table[table["kernel_class"].astype(str) == "allreduce"].sort_values(["rank", "start_us"])
     call = coll.groupby(["rank", "step"], observed=True).cumcount().to_numpy()
     expected = [

@@ -14,20 +14,24 @@ from bayesprism.errors import InputError
 from bayesprism.model.step import max_normal_moments
 from bayesprism.schema import empty_attrs, validate_table
 
-TRUTH = {"mb_log_median": np.log(0.05), "rank_sigma": 0.03, "comm_per_doubling": 0.2,
-         "bubble_fraction": 0.5, "run_sd": 0.004, "slot_noise": 0.03, "step_noise": 0.008,
-         "step_nu": 6.0}
-# (world size, dp, pp, microbatches); tp = cp = 1, one micro-batch per rank
+TRUTH = {"mb_log_median": np.log(0.05), "rank_sigma": 0.03, "bubble_efficiency": 0.9,
+         "comm_latency": 2e-4, "comm_intra": 0.02, "comm_inter": 0.15, "run_sd": 0.004,
+         "slot_noise": 0.03, "step_noise": 0.008, "slow_weight": 0.05, "slow_shift": 0.2,
+         "slow_spread": 0.05}
+# (world size, dp, pp, microbatches); tp = cp = 1, one micro-batch per rank, 8 GPUs per node:
+# the dp = 8 group stays in a node, the others span nodes
 LADDER = [(16, 8, 2, 8), (32, 16, 2, 8), (64, 32, 2, 4), (128, 64, 2, 4), (256, 128, 2, 2)]
 
 
 def truth_median(world: int, dp: int, pp: int, m: int) -> float:
-    """Structural median step time (s) of the synthetic ladder's truth."""
+    """Structural median step time (s) of the synthetic ladder's truth (written out by hand)."""
     slot = np.exp(TRUTH["mb_log_median"])
     emax, _ = max_normal_moments(world)
-    slots = m + TRUTH["bubble_fraction"] * (pp - 1)
-    return float(slots * slot * np.exp(TRUTH["rank_sigma"] * emax)
-                 + slot * TRUTH["comm_per_doubling"] * np.log2(dp))
+    slots = m + TRUTH["bubble_efficiency"] * (pp - 1)
+    bandwidth = 2 * (dp - 1) / dp  # ring all-reduce; gradient bytes are the same on every rung
+    tier = TRUTH["comm_inter"] if dp > 8 else TRUTH["comm_intra"]
+    comm = TRUTH["comm_latency"] * 2 * (dp - 1) + tier * bandwidth
+    return float(slot * (slots * np.exp(TRUTH["rank_sigma"] * emax) + comm))
 
 
 def synthetic_ladder(runs_per_scale: int, steps: int, seed: int = 0,
@@ -37,13 +41,15 @@ def synthetic_ladder(runs_per_scale: int, steps: int, seed: int = 0,
     rows, runs = [], {}
     for world, dp, pp, m in ladder:
         _, smax = max_normal_moments(world)
-        slots = m + TRUTH["bubble_fraction"] * (pp - 1)
+        slots = m + TRUTH["bubble_efficiency"] * (pp - 1)
         sd = np.sqrt((TRUTH["rank_sigma"] ** 2 * smax**2 + TRUTH["slot_noise"] ** 2) / slots
                      + TRUTH["step_noise"] ** 2)
         for r in range(runs_per_scale):
             run = f"n{world}/run{r}"
             level = np.log(truth_median(world, dp, pp, m)) + TRUTH["run_sd"] * rng.normal()
-            log_t = level + sd * rng.standard_t(TRUTH["step_nu"], steps)
+            log_t = level + sd * rng.standard_normal(steps)
+            slow = rng.random(steps) < TRUTH["slow_weight"]
+            log_t += slow * (TRUTH["slow_shift"] + TRUTH["slow_spread"] * rng.normal(size=steps))
             log_t[0] += 0.7  # a slow warm-up step that the model must drop
             rows += [(run, s, float(np.exp(v) * 1e6)) for s, v in enumerate(log_t)]
             runs[run] = {"platform": "synthetic", "world_size": world, "gpus_per_node": 8,
@@ -53,6 +59,17 @@ def synthetic_ladder(runs_per_scale: int, steps: int, seed: int = 0,
     df = df.assign(rank=-1, node="*", gpu=-1, kernel="train_step", kernel_class="step")
     df.attrs = {**empty_attrs(), "runs": runs}
     return validate_table(df)
+
+
+def test_comm_terms_ring_allreduce_by_hand():
+    from bayesprism.model.step import comm_terms, schedule_bubble_slots
+
+    terms = comm_terms(np.array([8, 16, 64]), np.array([1, 1, 4]), np.array([1, 1, 8]),
+                       np.array([8, 16, 256]), np.array([8, 8, 8]), reference_tp_pp=1.0)
+    np.testing.assert_allclose(terms["latency_steps"], [14, 30, 126])
+    np.testing.assert_allclose(terms["intra_bandwidth"], [1.75, 0, 0])
+    np.testing.assert_allclose(terms["inter_bandwidth"], [0, 1.875, 2 * 63 / 64 / 32])
+    np.testing.assert_allclose(schedule_bubble_slots([1, 8, 8], [1, 1, 2]), [0, 7, 3.5])
 
 
 def test_max_normal_moments_match_monte_carlo():
@@ -115,7 +132,7 @@ def test_step_model_recovers_synthetic_truth(synthetic_step_fit):
     post = tree["posterior"]
     assert tree.attrs["model_kind"] == "step"
     assert int(tree["sample_stats"]["diverging"].sum()) == 0
-    for name in ("rank_sigma", "comm_per_doubling", "slot_noise", "step_noise"):
+    for name in ("slot_noise", "step_noise", "slow_weight", "slow_shift", "comm_inter"):
         lo, hi = np.quantile(post[name].values, [0.01, 0.99])
         assert lo < TRUTH[name] < hi, (name, lo, hi)
     # structural medians of every scale within 2 % of the truth
@@ -143,6 +160,24 @@ def test_compose_steps_forecasts_an_unmeasured_scale(synthetic_step_fit):
     assert draws.ideal_step_time_s < np.median(draws.step_time_s)
 
 
+def test_forecast_mean_is_finite_and_stable(synthetic_step_fit):
+    """The slow-step mixture has a finite mean: two seeds agree within Monte Carlo error."""
+    from bayesprism.stepscale import compose_steps
+
+    _, tree = synthetic_step_fit
+    plan = _Plan(dp=512, pp=2, microbatches=2)  # 4x the largest fitted scale
+    means, errors = [], []
+    for seed in (11, 12):
+        step = compose_steps(tree, plan, replicates=200,
+                             rng=np.random.default_rng(seed)).step_time_s
+        assert np.isfinite(step).all()
+        means.append(step.mean())
+        # replicates of a draw share its run effect: the draw means are the independent units
+        errors.append(step.mean(axis=1).std() / np.sqrt(step.shape[0]))
+    assert abs(means[0] - means[1]) < 4 * np.hypot(*errors)
+    assert np.hypot(*errors) < 0.01 * np.mean(means)
+
+
 def _mlperf_table(shared_data, pattern: str):
     from bayesprism import read_traces
 
@@ -154,8 +189,7 @@ def _mlperf_table(shared_data, pattern: str):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("pattern", "iterations"), [
-    # GPT-3: bubble and exposed communication trade off along a ridge; it needs longer chains
-    ("mlperf/training_results_v3.1/NVIDIA/results/*/gpt3/result_*.txt.gz", 2000),
+    ("mlperf/training_results_v3.1/NVIDIA/results/*/gpt3/result_*.txt.gz", 1000),
     ("mlperf/training_results_v5.1/University-of-Florida/results/*/llama31_8b/result_*.txt.gz",
      1000),
 ])
@@ -184,7 +218,7 @@ def test_step_model_recovers_truth_on_a_full_ladder():
     table = synthetic_ladder(8, 200, seed=5)
     tree = fit(table, "step", draws=1000, tune=1000, random_seed=1, progress=False)
     post = tree["posterior"]
-    for name in ("rank_sigma", "comm_per_doubling", "bubble_fraction", "run_sd", "slot_noise",
-                 "step_noise"):
+    for name in ("rank_sigma", "comm_inter", "comm_latency", "bubble_efficiency", "run_sd",
+                 "slot_noise", "step_noise", "slow_weight", "slow_shift", "slow_spread"):
         lo, hi = np.quantile(post[name].values, [0.005, 0.995])
         assert lo < TRUTH[name] < hi, (name, lo, hi)

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
-from posterior_builders import analysis_posterior
+from posterior_builders import analysis_plan, analysis_posterior
 
 from bayesprism.analysis import Changes, what_if
 from bayesprism.collectives import transfer_time_us
 from bayesprism.composition import compose
 from bayesprism.errors import InputError
-from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
+from bayesprism.plan import Cluster
 
 pytestmark = pytest.mark.filterwarnings("ignore::bayesprism.plan.PlanWarning")
 
@@ -21,15 +19,9 @@ COMPUTE_US = 30_200.0
 GEMM_US = 20_000.0
 
 
-def _plan(**kw) -> ParallelPlan:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PlanWarning)
-        return ParallelPlan(gpus_per_node=2, **kw)
-
-
 def test_faster_class_shortens_a_deterministic_step_exactly():
     post = analysis_posterior(draws=6)
-    result = what_if(post, _plan(dp=1), {"faster": {"gemm": 0.1}}, draws=6, replicates=3)
+    result = what_if(post, analysis_plan(dp=1), {"faster": {"gemm": 0.1}}, draws=6, replicates=3)
     assert result["base"]["mean_s"] == pytest.approx(COMPUTE_US / 1e6, rel=1e-9)
     assert result["deltas"]["mean_s"]["estimate"] == pytest.approx(-0.1 * GEMM_US / 1e6, rel=1e-9)
     assert result["deltas"]["p95_s"]["ci90"] == pytest.approx([-0.002, -0.002], rel=1e-9)
@@ -39,7 +31,7 @@ def test_faster_class_shortens_a_deterministic_step_exactly():
 
 def test_bandwidth_and_latency_change_the_data_parallel_allreduce_exactly():
     post = analysis_posterior(draws=4)
-    plan = _plan(dp=4)  # 4 ranks on 2 nodes: the gradient AllReduce uses the inter tier
+    plan = analysis_plan(dp=4)  # 4 ranks on 2 nodes: the gradient AllReduce uses the inter tier
     # traced gradients: 2 buckets of 5e7 bytes; inter tier of allreduce: 20 µs, 20 GB/s
     one = transfer_time_us("allreduce", 4, 5e7, 20.0, 20.0)
     faster_links = transfer_time_us("allreduce", 4, 5e7, 20.0, 40.0)
@@ -64,7 +56,7 @@ def test_no_change_gives_exactly_zero_deltas_under_variability():
         scales={"gpustep": {"gemm": 0.2}, "step": {"attention": 0.1}},
         coll_noise={"allreduce": 0.3},
     )
-    result = what_if(post, _plan(dp=4), Changes(), draws=10, replicates=16, random_seed=3)
+    result = what_if(post, analysis_plan(dp=4), Changes(), draws=10, replicates=16, random_seed=3)
     for key in ("mean_s", "p50_s", "p95_s"):
         assert result["deltas"][key] == {"estimate": 0.0, "ci90": [0.0, 0.0]}
     assert result["base"]["p95_s"] > result["base"]["ideal_step_time_s"]
@@ -72,7 +64,7 @@ def test_no_change_gives_exactly_zero_deltas_under_variability():
 
 def test_microbatches_and_schedule_match_direct_compositions_with_the_same_seed():
     post = analysis_posterior(draws=8, scales={"gpustep": {"gemm": 0.1}})
-    base_plan = _plan(dp=1, pp=4, microbatches=4, schedule="gpipe", activation_bytes=1e6)
+    base_plan = analysis_plan(dp=1, pp=4, microbatches=4, schedule="gpipe", activation_bytes=1e6)
     result = what_if(
         post,
         base_plan,
@@ -81,7 +73,7 @@ def test_microbatches_and_schedule_match_direct_compositions_with_the_same_seed(
         replicates=8,
         random_seed=5,
     )
-    changed_plan = _plan(dp=1, pp=4, microbatches=8, schedule="1f1b", activation_bytes=1e6)
+    changed_plan = analysis_plan(dp=1, pp=4, microbatches=8, schedule="1f1b", activation_bytes=1e6)
     base = compose(post, base_plan, replicates=8, rng=np.random.default_rng(5))
     changed = compose(post, changed_plan, replicates=8, rng=np.random.default_rng(5))
     expected = (changed.step_time_s.mean(axis=1) - base.step_time_s.mean(axis=1)).mean()
@@ -99,7 +91,7 @@ def _nodes(n: int, slow: str | None = "n5") -> dict[str, float]:
 
 def test_drain_with_a_spare_keeps_the_plan_and_removes_the_slow_node():
     post = analysis_posterior(draws=4, scales={"node": {"gemm": 0.1}}, node_effect=_nodes(9))
-    plan = _plan(dp=2, tp=2, pp=4, microbatches=8, activation_bytes=1e6)
+    plan = analysis_plan(dp=2, tp=2, pp=4, microbatches=8, activation_bytes=1e6)
     cluster = Cluster(gpus_per_node=2, nodes=tuple(f"n{i}" for i in range(9)))
     result = what_if(post, plan, {"drain": 1}, cluster=cluster, draws=4, replicates=2)
     assert result["drained"] == ["n5"]
@@ -112,7 +104,7 @@ def test_drain_with_a_spare_keeps_the_plan_and_removes_the_slow_node():
 
 def test_drain_without_spares_shrinks_data_parallelism_and_keeps_the_global_batch():
     post = analysis_posterior(draws=4, scales={"node": {"gemm": 0.1}}, node_effect=_nodes(8))
-    plan = _plan(dp=2, tp=2, pp=4, microbatches=8, activation_bytes=1e6)
+    plan = analysis_plan(dp=2, tp=2, pp=4, microbatches=8, activation_bytes=1e6)
     result = what_if(post, plan, {"drain": ["n5"]}, draws=4, replicates=2)
     assert result["drained"] == ["n5"]
     assert result["changed_plan"]["dp"] == 1
@@ -134,5 +126,5 @@ def test_drain_without_spares_shrinks_data_parallelism_and_keeps_the_global_batc
 def test_bad_changes_are_named(changes, message):
     post = analysis_posterior(draws=2)
     with pytest.raises(InputError) as info:
-        what_if(post, _plan(dp=1), changes, draws=2, replicates=1)
+        what_if(post, analysis_plan(dp=1), changes, draws=2, replicates=1)
     assert message in str(info.value)

@@ -214,6 +214,8 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
     reference = steps_per_config.groupby(level=0).sum().idxmax()
     reference_runs = [r for r, k in zip(runs, config_keys, strict=True) if k == reference]
     reference_work = float(work[reference_runs[0]])
+    reference_tp_pp = float(layout_frame.loc[reference_runs[0], "tp"]
+                            * layout_frame.loc[reference_runs[0], "pp"])
     by_run = pd.Series(log_y, index=rows["run"].to_numpy()).groupby(level=0)
     run_median = by_run.median()
     prior_center = float(np.median(run_median[reference_runs].to_numpy()))
@@ -233,6 +235,11 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
         "virtual_stages": layout_frame["virtual_stages"].to_numpy(dtype=float),
         "dp": layout_frame["dp"].to_numpy(dtype=float),
         "world_size": layout_frame["world_size"].to_numpy(dtype=float),
+        "schedule_bubble_slots": schedule_bubble_slots(layout_frame["pp"].to_numpy(),
+                                                       layout_frame["virtual_stages"].to_numpy()),
+        **comm_terms(layout_frame["dp"] * layout_frame["cp"], layout_frame["tp"],
+                     layout_frame["pp"], layout_frame["tp"] * layout_frame["cp"]
+                     * layout_frame["dp"], layout_frame["gpus_per_node"], reference_tp_pp),
         "log_relative_work": np.log(work.to_numpy(dtype=float) / reference_work),
         "max_rank_mean": emax.astype(float),
         "max_rank_sd": smax.astype(float),
@@ -255,11 +262,12 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
         "model_kind": "step",
         "time_unit": "s",
         "reference_work": reference_work,
+        "reference_tp_pp": reference_tp_pp,
         "reference_config": configs.index(reference),
         "run_parameterisation": parameterisation,
         "run_se_to_spread": se_ratio,
         # the scale terms leave curved ridges (bubble vs. exposed communication): smaller steps
-        "target_accept": float(_option(spec, "target_accept", 0.95)),
+        "target_accept": float(_option(spec, "target_accept", 0.9)),
         "run_population": "normal",
         "warmup_steps": warmup,
         "run_layouts": _layouts_json(layout_frame),
@@ -293,6 +301,11 @@ def _run_parameterisation(by_run, run_median: pd.Series, runs: list[str],
     return ("centred" if ratio < CENTRED_BELOW else "noncentred"), ratio
 
 
+def schedule_bubble_slots(pp, virtual_stages) -> np.ndarray:
+    """Idle micro-batch slots of a (interleaved) 1F1B pipeline step: (pp - 1) / v."""
+    return (np.asarray(pp, dtype=float) - 1.0) / np.asarray(virtual_stages, dtype=float)
+
+
 def config_label(layout: dict) -> str:
     """Label of a layout: its world size, parallel sizes, micro-batches and micro-batch size."""
     return (f"gpus{int(layout['world_size'])}-dp{int(layout['dp'])}-tp{int(layout['tp'])}"
@@ -311,6 +324,43 @@ def _layouts_json(layout_frame: pd.DataFrame) -> str:
     return json.dumps(table, sort_keys=True)
 
 
+def comm_terms(dp_group, tp, pp, tp_cp_dp, gpus_per_node, reference_tp_pp):
+    """Ring all-reduce factors of the data-parallel gradient reduction of a layout.
+
+    Parameters
+    ----------
+    dp_group
+        Ranks in the gradient all-reduce group (``dp * cp``: context-parallel ranks hold
+        replicas of the same parameters).
+    tp, pp
+        Tensor- and pipeline-parallel sizes (gradient bytes per rank scale as 1 / (tp * pp)).
+    tp_cp_dp
+        ``tp * cp * dp``: the contiguous block of ranks the group is spread over (Megatron rank
+        order tp, cp, dp, pp), which decides whether it leaves a node.
+    gpus_per_node
+        GPUs per node.
+    reference_tp_pp
+        ``tp * pp`` of the reference configuration.
+
+    Returns
+    -------
+    dict of arrays
+        ``latency_steps`` (2 (p - 1)), ``intra_bandwidth`` and ``inter_bandwidth`` (the
+        bandwidth factor 2 (p - 1) / p times the relative gradient bytes, on the tier the group
+        uses, 0 on the other tier).
+    """
+    from bayesprism.collectives import bandwidth_factor, latency_steps, tier_of
+
+    p = np.asarray(dp_group, dtype=float)
+    relative_bytes = float(reference_tp_pp) / (np.asarray(tp, dtype=float)
+                                               * np.asarray(pp, dtype=float))
+    inter = tier_of(np.asarray(tp_cp_dp), np.asarray(gpus_per_node)).astype(float)
+    bandwidth = bandwidth_factor("allreduce", p) * relative_bytes
+    return {"latency_steps": latency_steps("allreduce", p),
+            "intra_bandwidth": bandwidth * (1.0 - inter),
+            "inter_bandwidth": bandwidth * inter}
+
+
 def build_step(prepared, spec):
     """The PyMC model of :mod:`bayesprism.model.step` for prepared step data.
 
@@ -319,7 +369,7 @@ def build_step(prepared, spec):
     prepared
         Output of :func:`prepare_step`.
     spec
-        The model spec; options ``noise`` (``"student_t"`` or ``"normal"``) and
+        The model spec; options ``noise`` (``"mixture"`` or ``"normal"``) and
         ``config_effects`` (see the module docstring).
 
     Returns
@@ -330,45 +380,47 @@ def build_step(prepared, spec):
     import pytensor.tensor as pt
 
     d = prepared.data
-    noise_family = str(_option(spec, "noise", "student_t"))
+    noise_family = str(_option(spec, "noise", "mixture"))
+    if noise_family not in ("mixture", "normal"):
+        from bayesprism.errors import SpecError
+
+        raise SpecError(Problem("model spec", "step.noise", "must be 'mixture' or 'normal'",
+                                example=noise_family))
     config_effects = bool(_option(spec, "config_effects", False))
     run_parameterisation = prepared.attrs.get("run_parameterisation", "centred")
     with pm.Model(coords=prepared.coords) as model:
         run_idx = pm.Data("run_idx", d["run_idx"], dims="obs")
         config_idx = pm.Data("config_idx", d["config_idx"], dims="run")
         microbatches = pm.Data("microbatches", d["microbatches"], dims="run")
-        pp = pm.Data("pp", d["pp"], dims="run")
-        virtual = pm.Data("virtual_stages", d["virtual_stages"], dims="run")
-        dp = pm.Data("dp", d["dp"], dims="run")
+        bubble_slots = pm.Data("schedule_bubble_slots", d["schedule_bubble_slots"], dims="run")
         log_work = pm.Data("log_relative_work", d["log_relative_work"], dims="run")
         emax = pm.Data("max_rank_mean", d["max_rank_mean"], dims="run")
         smax = pm.Data("max_rank_sd", d["max_rank_sd"], dims="run")
+        lat_steps = pm.Data("latency_steps", d["latency_steps"], dims="run")
+        intra_bw = pm.Data("intra_bandwidth", d["intra_bandwidth"], dims="run")
+        inter_bw = pm.Data("inter_bandwidth", d["inter_bandwidth"], dims="run")
 
         reference_log_median = pm.Normal("reference_log_median", float(d["prior_center"]),
                                          0.5)
         work_exponent = pm.Normal("work_exponent", 1.0, 0.25)
-        bubble_fraction = pm.Beta("bubble_fraction", 2.0, 2.0)
-        rank_sigma = pm.HalfNormal("rank_sigma", 0.2)
-        # Gamma(2, .) has no mass piling at 0: a half-normal lets the sampler wander into a
-        # funnel towards zero exposed communication along the bubble/communication ridge.
-        comm_per_doubling = pm.Gamma("comm_per_doubling", 2.0, 20.0)
-        # Noise of a one-slot step split into a part that averages over slots and one that
-        # does not: identified only when the slot count varies, so sample total and share.
+        # the schedule fixes the bubble; the efficiency only allows for imperfect overlap
+        bubble_efficiency = pm.LogNormal("bubble_efficiency", 0.0, 0.2)
+        rank_sigma = pm.HalfNormal("rank_sigma", 0.1)
+        # ring all-reduce in reference slots: per-step latency and per-tier bandwidth cost
+        comm_latency = pm.Gamma("comm_latency", 2.0, 4.0e4)
+        comm_intra = pm.Gamma("comm_intra", 2.0, 100.0)
+        comm_inter = pm.Gamma("comm_inter", 2.0, 20.0)
         noise_scale = pm.HalfNormal("noise_scale", 0.1)
         slot_share = pm.Beta("slot_share", 2.0, 2.0)
         slot_noise = pm.Deterministic("slot_noise", noise_scale * pt.sqrt(slot_share))
         step_noise = pm.Deterministic("step_noise", noise_scale * pt.sqrt(1.0 - slot_share))
-        slots = microbatches + bubble_fraction * (pp - 1.0) / virtual
-        # median = exp(mb_log_median) * shape: solve for the slot time from the reference median
-        shape = (slots * pt.exp(work_exponent * log_work + rank_sigma * emax)
-                 + comm_per_doubling * pt.log2(dp))
+        slots = microbatches + bubble_efficiency * bubble_slots
+        comm = comm_latency * lat_steps + comm_intra * intra_bw + comm_inter * inter_bw
+        shape = slots * pt.exp(work_exponent * log_work + rank_sigma * emax) + comm
         ref = int(d["reference_run"])
         mb_log_median = pm.Deterministic("mb_log_median",
                                          reference_log_median - pt.log(shape[ref]))
-        median = pt.exp(mb_log_median) * shape
-        # Centred on the run's own log median: the data pin each run's level tightly, so the
-        # structural parameters only enter the prior of those levels (no funnel, no ridge).
-        structural = pt.log(median)
+        structural = mb_log_median + pt.log(shape)
         if config_effects:
             config_sd = pm.HalfNormal("config_sd", 0.05)
             config_log_median = pm.Normal("config_log_median", structural[d["config_run"]],
@@ -387,10 +439,17 @@ def build_step(prepared, spec):
         pm.Deterministic("run_median_s", pt.exp(run_log_median), dims="run")
         noise = pt.sqrt((rank_sigma**2 * smax**2 + slot_noise**2) / slots + step_noise**2)
         mu = run_log_median[run_idx]
+        sigma = noise[run_idx]
         if noise_family == "normal":
-            pm.Normal("log_step_time", mu, noise[run_idx], observed=d["log_step_time"], dims="obs")
+            pm.Normal("log_step_time", mu, sigma, observed=d["log_step_time"], dims="obs")
         else:
-            nu = pm.Gamma("step_nu", 2.0, 0.1)
-            pm.StudentT("log_step_time", nu=nu, mu=mu, sigma=noise[run_idx],
-                        observed=d["log_step_time"], dims="obs")
+            slow_weight = pm.Beta("slow_weight", 1.0, 20.0)
+            # Gamma(2, .) keeps the slow component away from the core (no label switching)
+            slow_shift = pm.Gamma("slow_shift", 2.0, 10.0)
+            slow_spread = pm.HalfNormal("slow_spread", 0.1)
+            pm.NormalMixture("log_step_time",
+                             w=pt.stack([1.0 - slow_weight, slow_weight]),
+                             mu=pt.stack([mu, mu + slow_shift], axis=-1),
+                             sigma=pt.stack([sigma, pt.sqrt(sigma**2 + slow_spread**2)], axis=-1),
+                             observed=d["log_step_time"], dims="obs")
     return model
