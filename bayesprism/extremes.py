@@ -57,25 +57,32 @@ def _unit_sf(params: dict, z: np.ndarray) -> np.ndarray:
 
 
 class _TabulatedSF:
-    """Population survival function per draw on a uniform grid in ``asinh(z)`` over [lo, hi],
-    interpolated in log space. Student-t ``stdtr`` costs ~0.4 us a call, so many arguments per
-    draw are cheaper from a table; the asinh grid is dense near 0 and logarithmic in the tails,
-    where a power-law log-survival is linear in it (interpolation error below 1e-3 relative
-    even when the range spans decades, as for nu near 1). Other families stay closed-form."""
+    """Population survival function per draw on a uniform grid over [lo, hi], interpolated in
+    log space. Student-t ``stdtr`` costs ~0.4 us a call, so many arguments per draw are cheaper
+    from a table (interpolation error below 1e-3 relative); other families stay closed-form.
+    Ranges wider than :attr:`LINEAR_SPAN` (power-law tails, nu near 1, whose maxima spread over
+    decades) are tabulated on a uniform grid in ``asinh(z)`` instead, dense near 0 and
+    logarithmic in the tails, where a power-law log-survival is linear in it."""
+
+    LINEAR_SPAN = 60.0
 
     def __init__(self, params: dict, lo: np.ndarray, hi: np.ndarray, points: int = 768):
         self.params = params
         self.tabulated = params["family"] == "student_t"
         if self.tabulated:
-            self.lo = np.arcsinh(lo)
-            self.hi = np.maximum(np.arcsinh(hi), self.lo + 1e-9)
+            self.warped = bool(np.any(hi - lo > self.LINEAR_SPAN))
+            self.lo, self.hi = self._warp(lo), np.maximum(self._warp(hi), self._warp(lo) + 1e-9)
             grid = self.lo[:, None] + (self.hi - self.lo)[:, None] * np.linspace(0, 1, points)
-            self.table = np.log(np.maximum(_unit_sf(params, np.sinh(grid)), 1e-300))
+            z = np.sinh(grid) if self.warped else grid
+            self.table = np.log(np.maximum(_unit_sf(params, z), 1e-300))
+
+    def _warp(self, z: np.ndarray) -> np.ndarray:
+        return np.arcsinh(z) if self.warped else z
 
     def __call__(self, z: np.ndarray) -> np.ndarray:
         if not self.tabulated:
             return _unit_sf(self.params, z)
-        return np.exp(_interp_rows(np.arcsinh(z), self.lo, self.hi, self.table))
+        return np.exp(_interp_rows(self._warp(z), self.lo, self.hi, self.table))
 
 
 def population_params(posterior, level: str, loading: np.ndarray) -> dict:
