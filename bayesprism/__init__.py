@@ -38,6 +38,13 @@ _API = {
 
 __all__ = ["__version__", *_API]
 
+# These functions share their module's name: importing the submodule (anywhere) would rebind
+# the package attribute to the module, so they are bound eagerly. None of them imports PyMC.
+from bayesprism.forecast import forecast  # noqa: E402, F401
+from bayesprism.sensitivity import sensitivity  # noqa: E402, F401
+from bayesprism.simulate import simulate  # noqa: E402, F401
+from bayesprism.validate import validate  # noqa: E402, F401
+
 
 def __getattr__(name: str):
     if name in _API:

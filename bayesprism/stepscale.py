@@ -6,14 +6,19 @@ micro-batches, pp stages, v virtual stages, dp data-parallel ranks and R = world
 
 * ``compute_s = m * c`` with ``c = exp(mb_log_median) * (w / w_ref) ** work_exponent`` the median
   per-micro-batch, per-stage time (``w = micro_batch_size / (tp * pp * cp)``);
-* ``bubble_s = bubble_fraction * (pp − 1) / v * c`` (the 1F1B bubble, scaled as fitted);
-* ``exposed_comm_s = exp(mb_log_median) * comm_per_doubling * log2(dp)``;
+* ``bubble_s = bubble_efficiency * (pp − 1) / v * c`` (the interleaved-1F1B bubble);
+* ``exposed_comm_s``: the ring all-reduce of the gradients over p = dp * cp ranks,
+  ``exp(mb_log_median) * (comm_latency * 2 (p − 1) + comm_tier * 2 (p − 1) / p * B)`` with the
+  intra- or inter-node tier (``tp * cp * dp`` against ``plan.gpus_per_node``, default 8) and
+  ``B = (tp * pp)_ref / (tp * pp)`` the relative gradient bytes per rank;
 * the step time ``exp(location + run_effect + noise)`` where ``location`` is the log of the
   structural median ``(compute + bubble) * exp(rank_sigma * E[max of R normals]) + comm``
   (plus a new configuration effect when the model has them, or the fitted one when the plan is
   a measured configuration), ``run_effect ~ N(0, run_sd)`` is drawn once per posterior draw (a
-  new run: shared by its replicated steps) and ``noise`` is Student-t (``step_nu``) with the
-  scale the model gives at R ranks and ``m + bubble`` slots;
+  new run: shared by its replicated steps) and ``noise`` is drawn from the fitted two-component
+  mixture: Normal(0, s) with probability 1 − ``slow_weight``, else
+  Normal(``slow_shift``, sqrt(s² + ``slow_spread``²)), s the scale the model gives at R ranks and
+  ``m + bubble`` slots (finite mean, unlike exp of a Student-t);
 * ``wait_s = step_time_s − compute_s − bubble_s − exposed_comm_s``: waiting for the slowest rank,
   the run's offset and step-to-step noise. It is negative for steps faster than the
   variability-free time (a fast run or a lucky step).

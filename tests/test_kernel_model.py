@@ -58,8 +58,10 @@ def test_cell_likelihood_equals_row_likelihood_with_gradients(small_table, param
     assert prepared.attrs["parameterisation"]["node"] == parameterisation
     cell_model = build_kernel(prepared, spec)
     row_model = build_kernel(prepared, spec, rows=True)
-    cell_logp, row_logp = cell_model.compile_logp(), row_model.compile_logp()
-    cell_grad, row_grad = cell_model.compile_dlogp(), row_model.compile_dlogp()
+    # The Python VM compiles in a second; three evaluations need no optimised code.
+    fast = {"mode": "FAST_COMPILE"}
+    cell_logp, row_logp = cell_model.compile_logp(**fast), row_model.compile_logp(**fast)
+    cell_grad, row_grad = cell_model.compile_dlogp(**fast), row_model.compile_dlogp(**fast)
     rng = np.random.default_rng(1)
     start = cell_model.initial_point()
     for _ in range(3):
@@ -142,6 +144,14 @@ def test_single_node_drops_the_node_level_with_a_note():
     assert "node_population" not in prepared.attrs
     assert "node level dropped: fewer than 2 nodes" in prepared.attrs["notes"]
     assert prepared.attrs["gpu_population"] == "student_t"
+
+
+def test_a_single_step_per_gpu_drops_the_confounded_gpustep_level():
+    table, _ = simulate_trace(steps=1)
+    prepared = prepare([table], ModelSpec())
+    assert "gpustep" not in prepared.attrs["levels"] and "gpu" in prepared.attrs["levels"]
+    assert any(n.startswith("gpustep level dropped: every GPU was traced at a single step")
+               for n in prepared.attrs["notes"])
 
 
 def test_auto_parameterisation_follows_data_density(small_table):

@@ -327,6 +327,12 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
         elif level == "gpustep" and len(gs_keys) < 2:
             notes.append("gpustep level dropped: a single GPU-step")
             continue
+        elif level == "gpustep" and (np.bincount(gs_gpu) < 2).all():
+            # One step per GPU: a transient GPU×step effect is indistinguishable from the
+            # GPU's persistent effect, and fitting both leaves a ridge the sampler cannot mix.
+            notes.append("gpustep level dropped: every GPU was traced at a single step, so "
+                         "transient GPU×step effects cannot be told from persistent GPU effects")
+            continue
         fitted.append(level)
 
     param: dict[str, str] = {}

@@ -6,16 +6,18 @@ each run's ``attrs["runs"][run]`` describes its layout (``bayesprism.inventory.r
 ``cp``, ``microbatches`` (gradient-accumulation steps per data-parallel rank) and optionally
 ``virtual_stages`` and ``micro_batch_size``.
 
-Model (seconds). For run r with m micro-batches, pp stages, v virtual stages, data-parallel
-size dp and R = world-size ranks:
+Model (seconds). For run r with m micro-batches, pp stages, v virtual stages, a gradient
+all-reduce group of p = dp * cp ranks and R = world-size ranks:
 
     c_r      = exp(mb_log_median) * (w_r / w_ref) ** work_exponent    (one micro-batch, one stage)
-    slots_r  = m + bubble_fraction * (pp - 1) / v                     (1F1B bubble: (pp-1)/m)
+    slots_r  = m + bubble_efficiency * (pp - 1) / v                   (interleaved 1F1B bubble)
     strag_r  = exp(rank_sigma * E[max of R standard normals])         (slowest of R ranks)
-    comm_r   = exp(mb_log_median) * comm_per_doubling * log2(dp)      (exposed DP communication)
+    comm_r   = exp(mb_log_median) * (comm_latency * 2 (p - 1)
+                                     + comm_tier * 2 (p - 1) / p * B_r)  (ring all-reduce)
     log median_r = log(slots_r * c_r * strag_r + comm_r)
     run_log_median_r ~ Normal(log median_r [+ config level], run_sd)
-    log y_rs ~ StudentT(step_nu, run_log_median_r, noise_r)
+    log y_rs ~ (1 - slow_weight) Normal(run_log_median_r, noise_r)
+               + slow_weight Normal(run_log_median_r + slow_shift, sqrt(noise_r^2 + slow_spread^2))
     noise_r  = sqrt((rank_sigma^2 * SD[max of R]^2 + slot_noise^2) / slots_r + step_noise^2)
 
 ``w_r = micro_batch_size / (tp * pp * cp)`` is the work of one micro-batch on one GPU (the
@@ -23,22 +25,36 @@ trained model is the same along a ladder) and ``w_ref`` that of the reference co
 (the one with the most timed steps). The sampler does not see ``mb_log_median`` directly: it
 samples ``reference_log_median``, the structural log median of the reference configuration
 (prior Normal(observed log median, 0.5)), which the data pin tightly, and ``mb_log_median``
-follows from it; otherwise the per-slot time and the scale terms form a curved ridge. Rank-level
-variability is a lognormal per-rank slot time with log-sd ``rank_sigma``; every micro-batch slot
-waits for the slowest of the R ranks, which shifts its log time by ``rank_sigma`` times the
-expected maximum of R standard normals and spreads it by ``rank_sigma`` times that maximum's
-standard deviation (both exact, by quadrature: :func:`max_normal_moments`). So how the tail
-grows with scale is learned from how the medians grow between the measured scales. Averaging
-over the ``slots_r`` slots of a step divides the slot variance by ``slots_r``; ``step_noise`` is
-the part that does not average out (sampled as ``noise_scale`` and ``slot_share``, since the two
-parts are only separable when the slot count varies). The Student-t likelihood lets the
-occasional slow step through without dragging the medians. ``bubble_fraction`` (0-1) is the
-pipeline bubble relative to plain 1F1B: below 1 when the implementation interleaves (it is
-prior-only when every run has pp = 1). Data-parallel communication that is not hidden behind
-compute costs ``comm_per_doubling`` reference slots per doubling of dp (ring/tree latency
-steps; prior Gamma(2, 20), mean 0.1 slot); the bandwidth term of a ring all-reduce,
-2(dp-1)/dp, is nearly constant for dp >= 8 and cannot be told apart from compute in these logs,
-so it is part of the slot time.
+follows from it; otherwise the per-slot time and the scale terms form a curved ridge.
+
+Pipeline bubble: the schedule fixes it at (pp - 1) / v idle slots (interleaved 1F1B with v
+virtual stages; plain 1F1B when v = 1); ``bubble_efficiency`` ~ LogNormal(0, 0.25) only allows
+for imperfect overlap around that theoretical value, so a ladder whose runs all share one
+micro-batch count (MLPerf GPT-3 at 512 and 768 GPUs) still gets a bubble of the right size
+*provided the logged layout has the right v* (``plan.virtual_stages``; 1 when not logged).
+
+Exposed data-parallel communication is a ring all-reduce of the gradients
+(:mod:`bayesprism.collectives`): ``comm_latency`` per ring step (2 (p - 1) steps; prior
+Gamma(2, 4e4), mean 5e-5 reference slots, a few µs on the MLPerf ladders) plus a bandwidth
+term 2 (p - 1) / p times the relative gradient bytes per rank
+``B_r = (tp * pp)_ref / (tp * pp)``, at ``comm_intra`` (Gamma(2, 20)) while the group stays in
+one node (``tp * cp * dp <= gpus_per_node``, Megatron rank order) and ``comm_inter``
+(Gamma(2, 5)) once it leaves it. All three are in reference slots (multiples of
+``exp(mb_log_median)``). The bandwidth part saturates in p and jumps once when the group leaves
+the node, instead of growing per doubling of dp.
+
+Rank-level variability is a lognormal per-rank slot time with log-sd ``rank_sigma``; every
+micro-batch slot waits for the slowest of the R ranks, which shifts its log time by
+``rank_sigma`` times the expected maximum of R standard normals and spreads it by
+``rank_sigma`` times that maximum's standard deviation (both exact, by quadrature:
+:func:`max_normal_moments`). Averaging over the ``slots_r`` slots of a step divides the slot
+variance by ``slots_r``; ``step_noise`` is the part that does not average out (sampled as
+``noise_scale`` and ``slot_share``).
+
+Step-to-step noise is a two-component lognormal mixture, marginalised (no discrete latent): a
+core component and a rare slow one (``slow_weight`` ~ Beta(1, 20), ``slow_shift`` ~ Gamma(2, 10)
+> 0 kept away from 0 so the components cannot swap, ``slow_spread`` ~ HalfNormal(0.1)). Unlike
+exp of a Student-t, its mean is finite, so forecast means and training-time sums are stable.
 
 Run levels are centred on the run's own log median (the data pin each run's level tightly, so
 the structural parameters only enter that level's prior). ``run_sd`` is the run-to-run spread;
@@ -47,14 +63,15 @@ forecast at a new scale honest. Option ``[step] config_effects = true`` adds a l
 (``config_log_median``, ``config_sd``) between the structure and the runs.
 
 Posterior variables: ``reference_log_median``, ``mb_log_median``, ``work_exponent``,
-``bubble_fraction``, ``rank_sigma``, ``comm_per_doubling``, ``noise_scale``, ``slot_share``,
-``slot_noise``, ``step_noise``, ``step_nu``, ``run_sd``, ``run_log_median`` (run) and the
-deterministic ``run_effect`` and ``run_median_s`` (run). ``posterior.attrs``:
-``model_kind="step"``, ``time_unit="s"``, ``reference_work``, ``reference_config``,
+``bubble_efficiency``, ``rank_sigma``, ``comm_latency``, ``comm_intra``, ``comm_inter``,
+``noise_scale``, ``slot_share``, ``slot_noise``, ``step_noise``, ``slow_weight``,
+``slow_shift``, ``slow_spread``, ``run_sd``, ``run_log_median`` (run) and the deterministic
+``run_effect`` and ``run_median_s`` (run). ``posterior.attrs``: ``model_kind="step"``,
+``time_unit="s"``, ``reference_work``, ``reference_tp_pp``, ``reference_config``,
 ``run_population="normal"``, ``warmup_steps`` and ``run_layouts`` (JSON).
 The first timed step of every run is dropped as warm-up (``summary["skipped"]``).
-Options (``ModelSpec.step``): ``warmup_steps`` (1), ``noise`` (``"student_t"`` or ``"normal"``),
-``config_effects`` (false), ``target_accept`` (0.95, NUTS), ``run_parameterisation``
+Options (``ModelSpec.step``): ``warmup_steps`` (1), ``noise`` (``"mixture"`` or ``"normal"``),
+``config_effects`` (false), ``target_accept`` (0.9, NUTS), ``run_parameterisation``
 (``"auto"``: centred run levels when each run's median is pinned much tighter than runs
 differ, else non-centred; or ``"centred"``, ``"noncentred"``).
 """
@@ -404,12 +421,12 @@ def build_step(prepared, spec):
                                          0.5)
         work_exponent = pm.Normal("work_exponent", 1.0, 0.25)
         # the schedule fixes the bubble; the efficiency only allows for imperfect overlap
-        bubble_efficiency = pm.LogNormal("bubble_efficiency", 0.0, 0.2)
+        bubble_efficiency = pm.LogNormal("bubble_efficiency", 0.0, 0.25)
         rank_sigma = pm.HalfNormal("rank_sigma", 0.1)
         # ring all-reduce in reference slots: per-step latency and per-tier bandwidth cost
         comm_latency = pm.Gamma("comm_latency", 2.0, 4.0e4)
-        comm_intra = pm.Gamma("comm_intra", 2.0, 100.0)
-        comm_inter = pm.Gamma("comm_inter", 2.0, 20.0)
+        comm_intra = pm.Gamma("comm_intra", 2.0, 20.0)
+        comm_inter = pm.Gamma("comm_inter", 2.0, 5.0)
         noise_scale = pm.HalfNormal("noise_scale", 0.1)
         slot_share = pm.Beta("slot_share", 2.0, 2.0)
         slot_noise = pm.Deterministic("slot_noise", noise_scale * pt.sqrt(slot_share))

@@ -1,0 +1,29 @@
+"""The public API: every documented name resolves to the object, even after its module is imported."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import bayesprism
+from bayesprism.cli.main import SUBCOMMANDS, build_parser
+
+
+def test_every_public_name_is_the_documented_object_after_its_module_is_imported():
+    for name, module in bayesprism._API.items():
+        importlib.import_module(module)  # rebinding bayesprism.<module> must not shadow a name
+        obj = getattr(bayesprism, name)
+        assert obj is getattr(importlib.import_module(module), name), name
+        assert callable(obj), name
+
+
+def test_import_does_not_load_pymc():
+    code = "import sys, bayesprism; sys.exit('pymc' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_every_subcommand_is_registered():
+    parser = build_parser()
+    choices = parser._subparsers._group_actions[0].choices
+    assert set(choices) == set(SUBCOMMANDS)
