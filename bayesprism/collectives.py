@@ -52,7 +52,7 @@ def bandwidth_factor(kind: str, group_size):
 
 
 def tier_of(group_size, gpus_per_node: int, nodes_spanned=None):
-    """0 (intra-node) or 1 (inter-node) for a group; spans nodes when it has more ranks than a node."""
+    """0 (intra-node) or 1 (inter-node): a group spans nodes when it has more ranks than a node."""
     if nodes_spanned is not None:
         return (np.asarray(nodes_spanned) > 1).astype(int)
     return (np.asarray(group_size) > gpus_per_node).astype(int)

@@ -1,4 +1,4 @@
-"""The public API: every documented name resolves to the object, even after its module is imported."""
+"""The public API: each documented name is its object, even once its module is imported."""
 
 from __future__ import annotations
 

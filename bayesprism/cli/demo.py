@@ -18,12 +18,21 @@ REPO_DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="run ingest → fit → diagnose → forecast → report on the sample data")
-    p.add_argument("--data", type=Path, default=REPO_DATA, help="sample data folder (default: the repo's data/)")
+    p = sub.add_parser(
+        "demo", help="run ingest → fit → diagnose → forecast → report on the sample data"
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=REPO_DATA,
+        help="sample data folder (default: the repo's data/)",
+    )
     p.add_argument("--out", type=Path, default=Path("out/demo"), help="output folder")
     p.add_argument("--draws", type=int, default=500, help="posterior draws per chain")
     p.add_argument("--tune", type=int, default=500, help="tuning draws per chain")
-    p.add_argument("--forecast-draws", type=int, default=400, help="posterior draws used by forecasts")
+    p.add_argument(
+        "--forecast-draws", type=int, default=400, help="posterior draws used by forecasts"
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--skip-mlperf", action="store_true", help="only the Kineto part")
     add_common(p)
@@ -70,7 +79,9 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stage = _Stage(args.quiet)
     progress = not args.quiet
-    fit_kw = dict(draws=args.draws, tune=args.tune, chains=2, random_seed=args.seed, progress=progress)
+    fit_kw = dict(
+        draws=args.draws, tune=args.tune, chains=2, random_seed=args.seed, progress=progress
+    )
     commands: list[str] = []
 
     # --- Kineto: kernel-level model --------------------------------------------------------
@@ -94,17 +105,20 @@ def run(args) -> int:
     commands.append(f"bayesprism diagnose {out / 'dlrm_posterior.nc'} --json")
 
     plans = [
-        ParallelPlan(name=f"dp{dp}", dp=dp, gpus_per_node=8)
-        for dp in (8, 64, 512, 4096, 16384)
+        ParallelPlan(name=f"dp{dp}", dp=dp, gpus_per_node=8) for dp in (8, 64, 512, 4096, 16384)
     ]
     with stage(f"forecast {len(plans)} plans (8 to {plans[-1].gpus:,} GPUs)"):
-        fc = bp.forecast(posterior, plans, steps=10_000, draws=args.forecast_draws,
-                         random_seed=args.seed, progress=progress)
+        fc = bp.forecast(
+            posterior,
+            plans,
+            steps=10_000,
+            draws=args.forecast_draws,
+            random_seed=args.seed,
+            progress=progress,
+        )
         summary = summarize_forecast(fc)
         _write_json(out / "dlrm_forecast.json", summary)
-        from bayesprism.io import save_forecast
-
-        save_forecast(fc, out / "dlrm_forecast.nc")
+        bp.save(fc, out / "dlrm_forecast.nc")
     commands.append(
         f"bayesprism forecast {out / 'dlrm_posterior.nc'} --dp 16384 --gpus-per-node 8 "
         f"--steps 10000 --draws {args.forecast_draws} --seed {args.seed}"
@@ -112,17 +126,24 @@ def run(args) -> int:
 
     with stage("sensitivity and placement at 512 GPUs"):
         target = plans[2]
-        sens = bp.sensitivity(posterior, target, draws=min(args.forecast_draws, 200),
-                              random_seed=args.seed)
+        sens = bp.sensitivity(
+            posterior, target, draws=min(args.forecast_draws, 200), random_seed=args.seed
+        )
         _write_json(out / "dlrm_sensitivity.json", sens)
-        placement = bp.place(posterior, plans[0], draws=min(args.forecast_draws, 200),
-                             random_seed=args.seed)
+        placement = bp.place(
+            posterior, plans[0], draws=min(args.forecast_draws, 200), random_seed=args.seed
+        )
         _write_json(out / "dlrm_placement.json", placement)
 
     with stage("report"):
         report = bp.write_report(
-            posterior, out / "report.html", forecast=fc, diagnosis=diagnosis,
-            sensitivity=sens, placement=placement, commands=commands,
+            posterior,
+            out / "report.html",
+            forecast=fc,
+            diagnosis=diagnosis,
+            sensitivity=sens,
+            placement=placement,
+            commands=commands,
         )
 
     # --- MLPerf: step-level model across scales ---------------------------------------------
@@ -136,12 +157,19 @@ def run(args) -> int:
             bp.save(step_post, out / "mlperf_posterior.nc")
         step_plans = _mlperf_plans(steps_table)
         with stage(f"forecast {len(step_plans)} MLPerf plans"):
-            step_fc = bp.forecast(step_post, step_plans, draws=args.forecast_draws,
-                                  random_seed=args.seed, progress=progress)
+            step_fc = bp.forecast(
+                step_post,
+                step_plans,
+                draws=args.forecast_draws,
+                random_seed=args.seed,
+                progress=progress,
+            )
             _write_json(out / "mlperf_forecast.json", summarize_forecast(step_fc))
         with stage("MLPerf report"):
             mlperf_report = bp.write_report(
-                step_post, out / "mlperf_report.html", forecast=step_fc,
+                step_post,
+                out / "mlperf_report.html",
+                forecast=step_fc,
                 diagnosis=bp.diagnose(step_post),
                 commands=[f"bayesprism fit {ladder} --model step -o {out / 'mlperf_posterior.nc'}"],
             )
@@ -166,15 +194,30 @@ def _mlperf_plans(steps_table) -> list:
         key = tuple(plan.get(k, 1) for k in ("dp", "tp", "pp", "cp", "microbatches"))
         seen[key] = meta.get("gpus_per_node", 8)
     plans = [
-        ParallelPlan(name=f"{dp * tp * pp * cp} GPUs", dp=dp, tp=tp, pp=pp, cp=cp,
-                     microbatches=mb, gpus_per_node=gpn, schedule="1f1b" if pp > 1 else "gpipe")
+        ParallelPlan(
+            name=f"{dp * tp * pp * cp} GPUs",
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            microbatches=mb,
+            gpus_per_node=gpn,
+            schedule="1f1b" if pp > 1 else "gpipe",
+        )
         for (dp, tp, pp, cp, mb), gpn in sorted(seen.items())
     ]
     largest = plans[-1]
     for factor in (2, 4):
-        plans.append(ParallelPlan(
-            name=f"{largest.gpus * factor} GPUs", dp=largest.dp * factor, tp=largest.tp,
-            pp=largest.pp, cp=largest.cp, microbatches=largest.microbatches,
-            gpus_per_node=largest.gpus_per_node, schedule=largest.schedule,
-        ))
+        plans.append(
+            ParallelPlan(
+                name=f"{largest.gpus * factor} GPUs",
+                dp=largest.dp * factor,
+                tp=largest.tp,
+                pp=largest.pp,
+                cp=largest.cp,
+                microbatches=largest.microbatches,
+                gpus_per_node=largest.gpus_per_node,
+                schedule=largest.schedule,
+            )
+        )
     return plans

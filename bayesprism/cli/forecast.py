@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from pathlib import Path
 
 from bayesprism.cli._common import add_common, print_json
@@ -124,23 +122,9 @@ def _fmt(p) -> str:
     return "-" if p is None else f"{p:.3f}"
 
 
-def save_netcdf(tree, path: Path) -> None:
-    """Write a DataTree as netCDF atomically (temporary file in the same folder, then rename)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".",
-                               prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        tree.to_netcdf(tmp, engine="h5netcdf")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def run(args) -> int:
     from bayesprism.forecast import forecast, summarize_forecast
-    from bayesprism.io import load
+    from bayesprism.io import load, save
 
     posterior = load(args.posterior)
     plans, cluster = build_plans(args, posterior)
@@ -156,7 +140,7 @@ def run(args) -> int:
     )
     summary = summarize_forecast(result, include_draws=args.include_draws)
     if args.output is not None:
-        save_netcdf(result, args.output)
+        save(result, args.output)
     if args.json is not None:
         print_json(summary, args.json)
         if str(args.json) == "-":
