@@ -472,25 +472,35 @@ def _assemble(model, shared, schedule, finish, mean_mult, max_mult, ideal_s):
 def ideal_step_time(
     posterior: xr.DataTree, plan: ParallelPlan, cluster: Cluster | None = None
 ) -> float:
-    """Variability-free step time (s) of ``plan``: every kernel at ``exp(kernel_log_median)``
-    at the posterior median, collectives at the median cost model, no noise and no waiting
-    (the schedule's structural bubble is included)."""
+    """Variability-free step time (s) of ``plan``: every kernel at its typical duration
+    (``exp(kernel_log_median)`` at the posterior median, times the mean of its launch-to-launch
+    noise, since a step sums many launches), collectives at the median cost model, no unit,
+    step or transient effects and no waiting (the schedule's structural bubble and the traced
+    idle time are included)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlanWarning)
         model = build_plan_model(posterior, plan, cluster, typical=True)
-    return _ideal_from_model(model)
+        full = build_plan_model(posterior, plan, cluster)
+    return _ideal_from_model(model, _residual_mean(full))
 
 
-def _ideal_from_model(model: PlanModel) -> float:
+def _residual_mean(model: PlanModel) -> float:
+    """A step sums hundreds of launches, so the ideal step takes launch-to-launch noise at its
+    mean E[exp(resid)] (posterior median), as the draws do: only unit, step and transient
+    variability and waiting are left out of it."""
+    return float(np.median(np.exp(model.resid_mu + 0.5 * model.resid_sd**2)))
+
+
+def _ideal_from_model(model: PlanModel, residual_mean: float) -> float:
     schedule = _schedule_for(model, model)
     shared = _typical_shared(model)
-    ones = np.ones((1, 1))
     finish = pipeline_finish(
         schedule,
-        *_stage_times(model, shared, np.ones((1, 1, model.plan.pp)), slice(None)),
+        *_stage_times(model, shared, np.full((1, 1, model.plan.pp), residual_mean),
+                      slice(None)),
         shared.p2p_us,
     ).max(axis=-1)
-    step = finish + shared.dp_us + shared.fallback_us + model.opt_us[:, None] * ones
+    step = finish + shared.dp_us + shared.fallback_us + model.opt_us[:, None] * residual_mean
     step = step + np.asarray(model.idle_us, dtype=float).reshape(-1, 1)
     return float(step[0, 0]) / 1e6
 
@@ -586,7 +596,7 @@ def compose(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlanWarning)
         typical_model = build_plan_model(posterior, plan, cluster, typical=True)
-    ideal_s = _ideal_from_model(typical_model)
+    ideal_s = _ideal_from_model(typical_model, _residual_mean(model))
     schedule = _schedule_for(model, typical_model)
     streams = _Streams.from_generator(rng)
     shared = _draw_shared(model, replicates, streams.shared)

@@ -13,8 +13,10 @@ Definitions (used by the report and the CLI):
 * ``ci90`` is the 90% credible interval of the **mean step time** (parameter uncertainty only):
   the 5% and 95% quantiles over posterior draws of each draw's mean over its replicates.
 * ``ideal_step_time_s`` is the plan's variability-free step: every kernel at its typical
-  duration ``exp(kernel_log_median)`` at the posterior median, collectives at the median cost
-  model, no noise, no waiting (the schedule's structural bubble is included).
+  duration (``exp(kernel_log_median)`` at the posterior median, times the mean of its
+  launch-to-launch noise, as a step sums many launches), collectives at the median cost model,
+  no node/GPU/step variability and no waiting (the schedule's structural bubble and the traced
+  idle time are included).
 * ``slowdown_probability[x]`` = P(step > x * baseline), baseline = ideal step unless the user
   gives ``baseline_s``.
 * ``training_time_s`` is the sum of ``steps`` step times of one run (one posterior draw, one

@@ -18,6 +18,7 @@ per-draw value, the interval the 5%–95% quantiles across draws (parameter unce
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -128,11 +129,28 @@ def compose_with_seed(
     cluster=None,
     exact: bool | None = None,
 ) -> StepDraws:
-    """Compose ``plan`` with a fresh generator seeded by ``random_seed`` (common random numbers)."""
+    """Compose ``plan`` with a fresh generator seeded by ``random_seed`` (common random numbers).
+
+    Counterfactual analyses compose the same plan dozens of times: each distinct warning is
+    passed on once per process rather than once per composition.
+    """
     from bayesprism.composition import compose
 
     rng = np.random.default_rng(random_seed)
-    return compose(posterior, plan, replicates=replicates, rng=rng, cluster=cluster, exact=exact)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        steps = compose(posterior, plan, replicates=replicates, rng=rng, cluster=cluster,
+                        exact=exact)
+    for warning in caught:
+        key = (warning.category, str(warning.message))
+        if key not in _WARNED:
+            _WARNED.add(key)
+            warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                   warning.lineno)
+    return steps
+
+
+_WARNED: set[tuple[type, str]] = set()
 
 
 @dataclass(frozen=True)

@@ -156,9 +156,10 @@ def test_ideal_step_is_the_variability_free_step():
         ideal = ideal_step_time(post, plan)
         steps = compose(post, plan, replicates=4, rng=np.random.default_rng(0))
     slot = 1000e-6 / (8 * 2)
-    assert ideal == pytest.approx((4 + 1) * slot)
+    # launch noise (resid 0.3) at its mean, exp(0.3^2 / 2): a step sums many launches
+    assert ideal == pytest.approx((4 + 1) * slot * np.exp(0.3**2 / 2))
     assert steps.ideal_step_time_s == pytest.approx(ideal)
-    assert np.mean(steps.step_time_s > ideal) > 0.95  # residual mean > median, max over ranks
+    assert np.mean(steps.step_time_s > ideal) > 0.95  # waiting for the slowest of the ranks
 
 
 @pytest.mark.parametrize(

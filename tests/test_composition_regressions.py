@@ -5,26 +5,16 @@ the per-posterior array cache."""
 from __future__ import annotations
 
 import gc
-import warnings
 
 import numpy as np
 import pytest
-from _kernel_posteriors import gemm_only
+from posterior_builders import GEMM_SPREAD, gemm_only, quiet_compose
 from scipy import stats
 
 from bayesprism import composition, workload
-from bayesprism.composition import build_plan_model, compose, rank_law
+from bayesprism.composition import build_plan_model, compose, ideal_step_time, rank_law
 from bayesprism.extremes import top_node_log_multipliers
 from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
-
-VARIABLE = {"node": {"gemm": 0.08}, "gpu": {"gemm": 0.04}, "gpustep": {"gemm": 0.02},
-            "resid": {"gemm": 0.3}, "step": {"gemm": 0.02}}
-
-
-def quiet_compose(*args, **kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PlanWarning)
-        return compose(*args, **kwargs)
 
 
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "fast"])
@@ -32,8 +22,8 @@ def test_zero_node_loading_keeps_every_other_random_number(exact):
     # removing the node loading must change the node terms only: with a node population of
     # zero spread in the reference (node_scale tiny but drawn) and exactly 0 in the
     # counterfactual, both runs see the same GPU, step and residual numbers
-    tiny = {**VARIABLE, "node": {"gemm": 1e-300}}
-    zero = {**VARIABLE, "node": {"gemm": 0.0}}
+    tiny = {**GEMM_SPREAD, "node": {"gemm": 1e-300}}
+    zero = {**GEMM_SPREAD, "node": {"gemm": 0.0}}
     plan = ParallelPlan(dp=64, tp=8, pp=4, microbatches=8)
     a = quiet_compose(gemm_only(draws=20, scales=tiny), plan, replicates=3,
                       rng=np.random.default_rng(5), exact=exact)
@@ -46,8 +36,8 @@ def test_zero_gpu_loading_with_student_t_nodes_keeps_common_random_numbers():
     # Student-t draws consume a parameter-dependent amount of the stream (rejection sampling):
     # the other sources must not see it
     params = {"node_nu": 4.0}
-    tiny = {**VARIABLE, "gpu": {"gemm": 1e-300}}
-    zero = {**VARIABLE, "gpu": {"gemm": 0.0}}
+    tiny = {**GEMM_SPREAD, "gpu": {"gemm": 1e-300}}
+    zero = {**GEMM_SPREAD, "gpu": {"gemm": 0.0}}
     plan = ParallelPlan(dp=32, tp=8, pp=2, microbatches=4)
     kw = {"draws": 10, "node_population": "student_t", "population_params": params}
     a = quiet_compose(gemm_only(scales=tiny, **kw), plan, replicates=2,
@@ -148,7 +138,7 @@ def test_measured_node_positions_are_kept_above_the_exact_limit():
 
 
 def test_posterior_arrays_are_extracted_once_and_released_with_the_posterior():
-    post = gemm_only(draws=5, scales=VARIABLE)
+    post = gemm_only(draws=5, scales=GEMM_SPREAD)
     plan = ParallelPlan(dp=16, tp=2)
     first = workload.posterior_arrays(post)
     quiet_compose(post, plan, replicates=1, rng=np.random.default_rng(0))
@@ -165,3 +155,14 @@ def test_posterior_arrays_are_extracted_once_and_released_with_the_posterior():
     gc.collect()
     assert key not in workload._ARRAYS
     assert composition.DEFAULT_MAX_SLOWDOWN == 20.0
+
+
+def test_ideal_step_counts_launch_noise_at_its_mean_so_a_noise_only_plan_is_not_slowed():
+    # Only launch-to-launch noise (s = 0.3), no unit/step variability: the ideal step must be
+    # the mean step (launches * exp(mu + s^2/2)), not the median launch times the launches.
+    post = gemm_only(launches=500.0, scales={"resid": {"gemm": 0.3}})
+    plan = ParallelPlan(dp=1, gpus_per_node=8)
+    ideal = ideal_step_time(post, plan)
+    assert ideal == pytest.approx(500 * 100.0 * np.exp(0.045) / 1e6, rel=1e-9)
+    steps = quiet_compose(post, plan, replicates=200, rng=np.random.default_rng(0))
+    assert np.mean(steps.step_time_s) == pytest.approx(ideal, rel=0.01)

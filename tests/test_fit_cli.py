@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
-from fit_helpers import tiny_kernel_table, tiny_spec
+from posterior_builders import tiny_kernel_table, tiny_spec
 
 from bayesprism.cli.main import main
 from bayesprism.schema import write_table

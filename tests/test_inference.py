@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
-from fit_helpers import GPU_EFFECT, fitted, tiny_kernel_table, tiny_spec
+from posterior_builders import GPU_EFFECT, fitted, tiny_kernel_table, tiny_spec
 
 from bayesprism.errors import ConvergenceWarning, InputError
 from bayesprism.inference import _resolve_spec, convergence_summary, fit, input_digest

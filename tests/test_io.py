@@ -6,7 +6,7 @@ import json
 
 import pytest
 import xarray as xr
-from fit_helpers import fitted
+from posterior_builders import fitted
 
 from bayesprism.errors import ArtifactError
 from bayesprism.io import load, save
