@@ -3,7 +3,8 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-export PYTENSOR_FLAGS ?= base_compiledir=$(CURDIR)/.cache/pytensor
+# The compile cache lives outside the checkout, so fresh clones on this machine (CI) reuse it.
+export PYTENSOR_FLAGS ?= base_compiledir=$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/bayesprism/pytensor
 export MPLBACKEND ?= Agg
 
 .PHONY: venv demo test test-slow lint bench clean

@@ -40,7 +40,7 @@ import re
 import tomllib
 import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -416,3 +416,36 @@ class Cluster:
                 for key in unknown
             )
         return cls(**table, source=f"{path} [cluster]")
+
+
+def plan_from_run(meta: Mapping[str, Any], *, name: str | None = None) -> ParallelPlan:
+    """The layout a logged or traced run used, as a plan.
+
+    Parameters
+    ----------
+    meta
+        One run's metadata, ``table.attrs["runs"][run]``: its ``plan`` (dp, tp, pp, cp, ep,
+        microbatches, micro_batch_size, virtual_stages) and ``gpus_per_node``.
+    name
+        Label; defaults to ``"<GPUs> GPUs"``.
+
+    Raises
+    ------
+    PlanError
+        If the run carries no usable layout.
+    """
+    layout = dict(meta.get("plan") or {})
+    if not layout.get("dp"):
+        raise PlanError(Problem(str(meta.get("system_id", "run")), "plan",
+                                "the run's metadata has no parallel layout (dp missing)"))
+    virtual = int(layout.get("virtual_stages") or 1)
+    values = {key: layout[key] for key in ("dp", "tp", "pp", "cp", "ep", "microbatches")
+              if layout.get(key)}
+    if layout.get("micro_batch_size"):
+        values["micro_batch_size"] = layout["micro_batch_size"]
+    plan = ParallelPlan(
+        **values, virtual_stages=virtual,
+        schedule="interleaved-1f1b" if virtual > 1 else "1f1b",
+        gpus_per_node=int(meta.get("gpus_per_node") or 8),
+    )
+    return replace(plan, name=name or f"{plan.gpus} GPUs")

@@ -270,3 +270,15 @@ def read_table(path: str | Path) -> pd.DataFrame:
     attrs = json.loads(meta[ATTRS_KEY]) if ATTRS_KEY in meta else empty_attrs()
     df.attrs = attrs
     return validate_table(df, source=str(path))
+
+
+def select_runs(table: pd.DataFrame, runs) -> pd.DataFrame:
+    """The rows of ``runs`` only, with ``attrs["runs"]`` restricted to them (other attrs kept)."""
+    keep = {str(r) for r in runs}
+    out = table[table["run"].astype(str).isin(keep)].copy()
+    for col in out.select_dtypes("category"):
+        if col != "kernel_class":
+            out[col] = out[col].cat.remove_unused_categories()
+    out.attrs = {**table.attrs,
+                 "runs": {r: m for r, m in table.attrs.get("runs", {}).items() if r in keep}}
+    return out

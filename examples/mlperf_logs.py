@@ -1,7 +1,7 @@
-"""Read MLPerf Training logs, fit the step-level model across scales, forecast larger scales.
+"""Read MLPerf Training logs, fit the step-level model at small scales, forecast larger ones.
 
 Uses the shipped GPT-3 175B ladder (NVIDIA Eos, MLPerf v3.1): fits the two smallest scales
-(512 and 768 GPUs) and forecasts the logged larger ones, printing forecast vs measured median.
+(512 and 768 GPUs) and forecasts every logged layout, printing forecast vs measured median.
 Run: ``.venv/bin/python examples/mlperf_logs.py``.
 """
 
@@ -12,36 +12,25 @@ import numpy as np
 
 import bayesprism as bp
 from bayesprism.forecast import summarize_forecast
+from bayesprism.plan import plan_from_run
+from bayesprism.schema import select_runs
 
 LADDER = Path(__file__).resolve().parents[1] / "data" / "mlperf"
 DRAWS = int(os.environ.get("BAYESPRISM_EXAMPLE_DRAWS", "500"))
 
 table = bp.read_traces([LADDER], progress=False)
 runs = table.attrs["runs"]
-gpus = {run: meta["world_size"] for run, meta in runs.items()}
-small = [run for run, n in gpus.items() if n <= 768]
-fit_table = table[table["run"].astype(str).isin(small)].copy()
-fit_table.attrs = {**table.attrs, "runs": {r: runs[r] for r in small}}
+small = [run for run, meta in runs.items() if meta["world_size"] <= 768]
 print(f"{len(table):,} timed steps in {len(runs)} runs; fitting {len(small)} runs at <= 768 GPUs")
+posterior = bp.fit(select_runs(table, small), "step", draws=DRAWS, tune=DRAWS, random_seed=3,
+                   progress=False)
 
-posterior = bp.fit(fit_table, "step", draws=DRAWS, tune=DRAWS, random_seed=3, progress=False)
-
-layouts = {}
-for run, meta in runs.items():
-    plan = meta["plan"]
-    layouts.setdefault(meta["world_size"], (plan, run))
-plans = [
-    bp.ParallelPlan(name=f"{n} GPUs", dp=p["dp"], tp=p["tp"], pp=p["pp"], cp=p.get("cp", 1),
-                    microbatches=p["microbatches"], gpus_per_node=runs[run]["gpus_per_node"],
-                    virtual_stages=p.get("virtual_stages") or 1,
-                    schedule="interleaved-1f1b" if (p.get("virtual_stages") or 1) > 1 else "1f1b",
-                    micro_batch_size=p.get("micro_batch_size"))
-    for n, (p, run) in sorted(layouts.items())
-]
+plans = sorted({plan_from_run(meta) for meta in runs.values()}, key=lambda p: p.gpus)
 summary = summarize_forecast(bp.forecast(posterior, plans, draws=min(DRAWS, 400), random_seed=3,
                                          progress=False))
-for plan, p in zip(plans, summary["plans"], strict=True):
-    measured = table.loc[table["run"].astype(str).map(gpus) == plan.gpus, "duration_us"] / 1e6
-    print(f"{plan.name:>12}: forecast p50 {p['step_time_s']['p50']:.3f} s "
-          f"[p05 {p['step_time_s']['p05']:.3f}, p95 {p['step_time_s']['p95']:.3f}], "
-          f"measured median {np.median(measured):.3f} s")
+world_size = table["run"].astype(str).map({run: meta["world_size"] for run, meta in runs.items()})
+for plan, forecast in zip(plans, summary["plans"], strict=True):
+    measured = table.loc[world_size == plan.gpus, "duration_us"].to_numpy() / 1e6
+    step = forecast["step_time_s"]
+    print(f"{plan.name:>11}: forecast p50 {step['p50']:.3f} s [p05 {step['p05']:.3f}, "
+          f"p95 {step['p95']:.3f}]; measured median {np.median(measured):.3f} s")

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("PYTENSOR_FLAGS", f"base_compiledir={REPO / '.cache' / 'pytensor'}")
+_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+# Outside the checkout, so fresh clones on this machine (CI) reuse compiled models.
+os.environ.setdefault("PYTENSOR_FLAGS", f"base_compiledir={_CACHE / 'bayesprism' / 'pytensor'}")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 SHARED_DATA = REPO.parent / "shared" / "data"

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from bayesprism.cli._common import add_common, to_jsonable
+from bayesprism.schema import select_runs
 
 REPO_DATA = Path(__file__).resolve().parents[2] / "data"
 
@@ -160,11 +161,14 @@ def run(args) -> int:
     if not args.skip_mlperf and ladder.is_dir():
         with stage(f"ingest the MLPerf ladder in {ladder}"):
             steps_table = bp.read_traces([ladder], progress=progress)
-        with stage("fit the step-level model"):
-            step_post = bp.fit(steps_table, "step", **fit_kw)
+        runs = steps_table.attrs["runs"]
+        smallest = sorted({meta["world_size"] for meta in runs.values()})[:2]
+        fit_runs = [run for run, meta in runs.items() if meta["world_size"] in smallest]
+        with stage(f"fit the step-level model on the {smallest} GPU runs"):
+            step_post = bp.fit(select_runs(steps_table, fit_runs), "step", **fit_kw)
             bp.save(step_post, out / "mlperf_posterior.nc")
-        step_plans = _mlperf_plans(steps_table)
-        with stage(f"forecast {len(step_plans)} MLPerf plans"):
+        step_plans = _mlperf_plans(runs)
+        with stage(f"forecast {len(step_plans)} MLPerf plans (up to {step_plans[-1].gpus:,} GPUs)"):
             step_fc = bp.forecast(
                 step_post,
                 step_plans,
@@ -192,40 +196,15 @@ def run(args) -> int:
     return 0
 
 
-def _mlperf_plans(steps_table) -> list:
-    """The logged layouts of the ladder, extended to 2x and 4x the largest logged scale."""
-    from bayesprism.plan import ParallelPlan
+def _mlperf_plans(runs: dict) -> list:
+    """Every logged layout of the ladder, plus 2x and 4x the largest one's data parallelism."""
+    from dataclasses import replace
 
-    seen = {}
-    for meta in steps_table.attrs.get("runs", {}).values():
-        plan = meta.get("plan") or {}
-        key = tuple(plan.get(k, 1) for k in ("dp", "tp", "pp", "cp", "microbatches"))
-        seen[key] = meta.get("gpus_per_node", 8)
-    plans = [
-        ParallelPlan(
-            name=f"{dp * tp * pp * cp} GPUs",
-            dp=dp,
-            tp=tp,
-            pp=pp,
-            cp=cp,
-            microbatches=mb,
-            gpus_per_node=gpn,
-            schedule="1f1b" if pp > 1 else "gpipe",
-        )
-        for (dp, tp, pp, cp, mb), gpn in sorted(seen.items())
-    ]
+    from bayesprism.plan import plan_from_run
+
+    plans = sorted({plan_from_run(meta) for meta in runs.values()}, key=lambda p: p.gpus)
     largest = plans[-1]
     for factor in (2, 4):
-        plans.append(
-            ParallelPlan(
-                name=f"{largest.gpus * factor} GPUs",
-                dp=largest.dp * factor,
-                tp=largest.tp,
-                pp=largest.pp,
-                cp=largest.cp,
-                microbatches=largest.microbatches,
-                gpus_per_node=largest.gpus_per_node,
-                schedule=largest.schedule,
-            )
-        )
+        bigger = replace(largest, dp=largest.dp * factor, name=None)
+        plans.append(replace(bigger, name=f"{bigger.gpus} GPUs"))
     return plans

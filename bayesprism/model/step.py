@@ -419,7 +419,7 @@ def build_step(prepared, spec):
 
         reference_log_median = pm.Normal("reference_log_median", float(d["prior_center"]),
                                          0.5)
-        work_exponent = pm.Normal("work_exponent", 1.0, 0.25)
+        work_exponent = pm.Normal("work_exponent", 1.0, 0.1)
         # the schedule fixes the bubble; the efficiency only allows for imperfect overlap
         bubble_efficiency = pm.LogNormal("bubble_efficiency", 0.0, 0.25)
         rank_sigma = pm.HalfNormal("rank_sigma", 0.1)

@@ -1,0 +1,22 @@
+"""The examples run end to end (tiny draws: they check the API wiring, not the numbers)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.mark.parametrize("script", ["quickstart.py", "compare_plans.py", "mlperf_logs.py"])
+def test_example_runs(script):
+    env = {**os.environ, "BAYESPRISM_EXAMPLE_DRAWS": "60"}
+    done = subprocess.run([sys.executable, str(EXAMPLES / script)], env=env, capture_output=True,
+                          text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert done.stdout.strip(), "the example printed nothing"
