@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import numpy as np
 
-COLLECTIVE_CLASSES: tuple[str, ...] = (
-    "allreduce",
-    "allgather",
-    "reducescatter",
-    "alltoall",
-    "broadcast",
-    "sendrecv",
-)
+from bayesprism.schema import COLLECTIVE_CLASSES
+
+__all__ = [
+    "COLLECTIVE_CLASSES",
+    "TIERS",
+    "bandwidth_factor",
+    "latency_steps",
+    "tier_of",
+    "transfer_time_us",
+]
 TIERS: tuple[str, ...] = ("intra", "inter")
 
 

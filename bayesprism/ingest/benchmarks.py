@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from bayesprism.errors import Problem, TraceFormatError
+from bayesprism.ingest.files import read_bytes
 
 UNIT_TO_US = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
 SKIP_BAD_VALUE = "timing value missing, non-finite or <= 0"
@@ -254,12 +255,7 @@ def read_gpu_benchmark(
 
 def _read_csv(path: Path) -> pd.DataFrame:
     try:
-        data = path.read_bytes()
-        if data[:2] == b"\x1f\x8b":
-            import gzip
-
-            data = gzip.decompress(data)
-        table = pd.read_csv(io.BytesIO(data), sep=None, engine="python")
+        table = pd.read_csv(io.BytesIO(read_bytes(path)), sep=None, engine="python")
     except (EOFError, OSError, ValueError, pd.errors.ParserError) as exc:
         if isinstance(exc, FileNotFoundError):
             raise

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from bayesprism.errors import Problem, TraceFormatError
+from bayesprism.ingest.files import read_bytes
 
 GPU_ACTIVITY_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
@@ -84,21 +85,6 @@ SLICE_BYTES = 1 << 20
 class SliceLayoutError(Exception):
     """The file is not in the profiler's layout (or is damaged): decode it whole instead."""
 
-def _read_bytes(path: Path) -> bytes:
-    source = str(path)
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except EOFError:
-            raise TraceFormatError(Problem(
-                source, "", "truncated gzip: the compressed data ends before the end-of-stream "
-                "marker (incomplete copy?)")) from None
-        except (OSError, zlib.error) as exc:
-            raise TraceFormatError(Problem(source, "", f"corrupt gzip data: {exc}")) from None
-    return raw
-
-
 def _load_with_stdlib(raw: bytes, source: str) -> tuple[_Metadata, list[_Event]]:
     """Fallback decoder: accepts NaN/Infinity literals, names line and column of errors."""
     try:
@@ -123,7 +109,7 @@ def load_trace(path: Path) -> tuple[_Metadata, list[_Event]]:
     not a profiler trace).
     """
     source = str(path)
-    raw = _read_bytes(path)
+    raw = read_bytes(path)
     try:
         header = _HEADER_DECODER.decode(raw)
     except msgspec.ValidationError as exc:

@@ -32,17 +32,16 @@ Choices worth knowing:
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import re
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from bayesprism.errors import Problem, TraceFormatError
+from bayesprism.ingest.files import read_text
 from bayesprism.schema import ALL_NODES, ALL_RANKS
 
 MARKER = ":::MLLOG"
@@ -92,7 +91,7 @@ def read_mlperf(path: Path, **options) -> tuple[pd.DataFrame, dict]:
         Unreadable/truncated file, no ``:::MLLOG`` lines, or no step or block timing at all.
     """
     path = Path(path)
-    text = _read_text(path)
+    text = read_text(path)
     skipped: dict[str, int] = {}
     notes: list[str] = []
     hyper: dict[str, object] = {}
@@ -195,18 +194,6 @@ def read_mlperf(path: Path, **options) -> tuple[pd.DataFrame, dict]:
 
 
 # --------------------------------------------------------------------------- file access
-
-
-def _read_text(path: Path) -> str:
-    try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-    except (EOFError, OSError, zlib.error) as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
-        raise TraceFormatError(Problem(str(path), "", f"cannot decompress: {exc}")) from None
-    return raw.decode("utf-8", errors="replace")
 
 
 def _count(skipped: dict[str, int], reason: str, n: int = 1) -> None:

@@ -28,15 +28,14 @@ Choices worth knowing:
 
 from __future__ import annotations
 
-import gzip
 import re
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from bayesprism.errors import Problem, TraceFormatError
+from bayesprism.ingest.files import read_text
 
 BINARIES: dict[str, str] = {
     "all_reduce_perf": "allreduce",
@@ -93,7 +92,7 @@ def read_nccl_tests(path: Path, *, run: str | None = None) -> tuple[pd.DataFrame
     """
     path = Path(path)
     source = str(path)
-    lines = _read_text(path).splitlines()
+    lines = read_text(path).splitlines()
     skipped: dict[str, int] = {}
     notes: list[str] = []
     run = run or _stem(path)
@@ -215,18 +214,6 @@ def read_nccl_tests(path: Path, *, run: str | None = None) -> tuple[pd.DataFrame
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _read_text(path: Path) -> str:
-    try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-    except (EOFError, OSError, zlib.error) as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
-        raise TraceFormatError(Problem(str(path), "", f"cannot decompress: {exc}")) from None
-    return raw.decode("utf-8", errors="replace")
 
 
 def _split_sections(lines: list[str]) -> list[list[str]]:

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from bayesprism.errors import Problem, TraceFormatError
+from bayesprism.ingest.files import read_bytes
 from bayesprism.schema import ALL_COLUMNS, ALL_NODES, ALL_RANKS, ATTRS_KEY, REQUIRED_COLUMNS
 
 UNIT_TO_US = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
@@ -168,9 +169,7 @@ def _read(path: Path) -> tuple[pd.DataFrame, dict | None]:
             attrs = json.loads(meta[ATTRS_KEY]) if ATTRS_KEY in meta else None
             return arrow.to_pandas(), attrs
         if raw[:2] == b"\x1f\x8b":
-            import gzip
-
-            raw = gzip.decompress(raw)
+            raw = read_bytes(path)
         table = pd.read_csv(io.BytesIO(raw), sep=None, engine="python")
     except FileNotFoundError:
         raise
