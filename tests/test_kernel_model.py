@@ -210,8 +210,20 @@ def test_collectives_without_transfer_fall_back_to_the_kernel_part(small_table):
     prepared = prepare([small_table, _collective_table(transfer=False)], ModelSpec())
     assert prepared.attrs["collective_model"] == []
     assert "ncclAllReduce" in prepared.coords["kernel"]
-    assert any("fitted as kernels on duration_us: allreduce" in n
+    assert any("fitted as kernels: allreduce; on transfer_us for 0 of 16 launches" in n
                for n in prepared.attrs["notes"])
+
+
+def test_collectives_without_bytes_are_fitted_on_their_transfer_part():
+    # transfer_us split off at ingest but no bytes/group size: no cost model, yet the waiting
+    # (duration - transfer, re-created by the composition) must not enter the fit
+    table = _collective_table().drop(columns=["bytes", "group_size"])
+    prepared = prepare([table], ModelSpec(levels=("step",)))
+    assert prepared.attrs["collective_model"] == []
+    assert any("on transfer_us for 16 of 16 launches" in n for n in prepared.attrs["notes"])
+    on_transfer = np.log(table["transfer_us"]).mean()
+    fitted = np.average(prepared.data["cell_mean"], weights=prepared.data["cell_n"])
+    assert fitted == pytest.approx(on_transfer)
 
 
 def test_ring_cost_model_recovers_bandwidth_and_latency():
