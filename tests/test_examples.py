@@ -12,7 +12,12 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-@pytest.mark.parametrize("script", ["quickstart.py", "compare_plans.py", "mlperf_logs.py"])
+@pytest.mark.parametrize(
+    "script",
+    ["quickstart.py", "compare_plans.py",
+     # the step-level fit of the GPT-3 ladder takes minutes even with tiny draws
+     pytest.param("mlperf_logs.py", marks=pytest.mark.slow)],
+)
 def test_example_runs(script):
     env = {**os.environ, "BAYESPRISM_EXAMPLE_DRAWS": "60"}
     done = subprocess.run([sys.executable, str(EXAMPLES / script)], env=env, capture_output=True,

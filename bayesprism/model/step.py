@@ -71,7 +71,7 @@ Posterior variables: ``reference_log_median``, ``mb_log_median``, ``work_exponen
 ``run_population="normal"``, ``warmup_steps`` and ``run_layouts`` (JSON).
 The first timed step of every run is dropped as warm-up (``summary["skipped"]``).
 Options (``ModelSpec.step``): ``warmup_steps`` (1), ``noise`` (``"mixture"`` or ``"normal"``),
-``config_effects`` (false), ``target_accept`` (0.9, NUTS), ``run_parameterisation``
+``config_effects`` (false), ``target_accept`` (0.95, NUTS), ``run_parameterisation``
 (``"auto"``: centred run levels when each run's median is pinned much tighter than runs
 differ, else non-centred; or ``"centred"``, ``"noncentred"``).
 """
@@ -284,7 +284,7 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
         "run_parameterisation": parameterisation,
         "run_se_to_spread": se_ratio,
         # the scale terms leave curved ridges (bubble vs. exposed communication): smaller steps
-        "target_accept": float(_option(spec, "target_accept", 0.9)),
+        "target_accept": float(_option(spec, "target_accept", 0.95)),
         "run_population": "normal",
         "warmup_steps": warmup,
         "run_layouts": _layouts_json(layout_frame),
@@ -419,7 +419,7 @@ def build_step(prepared, spec):
 
         reference_log_median = pm.Normal("reference_log_median", float(d["prior_center"]),
                                          0.5)
-        work_exponent = pm.Normal("work_exponent", 1.0, 0.1)
+        work_exponent = pm.Normal("work_exponent", 1.0, 0.25)
         # the schedule fixes the bubble; the efficiency only allows for imperfect overlap
         bubble_efficiency = pm.LogNormal("bubble_efficiency", 0.0, 0.25)
         rank_sigma = pm.HalfNormal("rank_sigma", 0.1)

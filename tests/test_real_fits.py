@@ -1,0 +1,41 @@
+"""The shipped real data fit and converge (long: run with ``make test-slow``)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+import bayesprism as bp
+from bayesprism.inference import convergence_summary
+
+pytestmark = pytest.mark.slow
+
+
+def _fit_converges(tables, spec, draws=1000):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        posterior = bp.fit(tables, spec, draws=draws, tune=draws, chains=2, random_seed=11,
+                           progress=False)
+    summary = convergence_summary(posterior)
+    assert summary["divergences"] == 0, summary
+    assert summary["max_rhat"] < 1.01, summary
+    return posterior
+
+
+def test_dlrm_8_ranks_fit_and_converge(package_data):
+    table = bp.read_traces([package_data / "kineto" / "param_dlrm_8rank"], progress=False)
+    posterior = _fit_converges(table, "default")
+    assert posterior["posterior"]["gpu_effect"].sizes["gpu_unit"] == 8
+
+
+def test_pal_per_gpu_benchmark_fits_and_converges(package_data):
+    table = bp.read_traces([package_data / "pal" / "frontera" / "frontera-resnet-agg.csv"],
+                           progress=False)
+    posterior = _fit_converges(table, "benchmark")
+    assert posterior["posterior"]["node_effect"].sizes["node"] == 74
+
+
+def test_mlperf_gpt3_ladder_fits_and_converges(package_data):
+    table = bp.read_traces([package_data / "mlperf"], progress=False)
+    _fit_converges(table, "step")
