@@ -28,6 +28,6 @@ for p in summary["plans"]:
 largest = max(plans, key=lambda p: p.gpus)
 delta = bp.what_if(posterior, largest, {"faster": {"gemm": 0.2}}, draws=min(DRAWS, 200),
                    random_seed=2)
-mean = delta["deltas"]["mean"]
+mean = delta["deltas"]["mean_s"]
 print(f"GEMMs 20% faster on {largest.name}: mean step changes by {mean['estimate'] * 1e3:+.3f} ms "
       f"(90% interval {mean['ci90'][0] * 1e3:+.3f} to {mean['ci90'][1] * 1e3:+.3f} ms)")
