@@ -30,8 +30,8 @@ def register(sub) -> None:
         help="sample data folder (default: the repo's data/)",
     )
     p.add_argument("--out", type=Path, default=Path("out/demo"), help="output folder")
-    p.add_argument("--draws", type=int, default=500, help="posterior draws per chain")
-    p.add_argument("--tune", type=int, default=500, help="tuning draws per chain")
+    p.add_argument("--draws", type=int, default=1000, help="posterior draws per chain")
+    p.add_argument("--tune", type=int, default=1000, help="tuning draws per chain")
     p.add_argument(
         "--forecast-draws", type=int, default=400, help="posterior draws used by forecasts"
     )
