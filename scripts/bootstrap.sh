@@ -8,7 +8,7 @@ STAMP=$VENV/.bayesprism-installed
 
 find_python() {
   local cand
-  for cand in "${BAYESPRISM_PYTHON:-}" python3.13 python3.12 python3; do
+  for cand in "${BAYESPRISM_PYTHON:-}" python3.12 python3.13 python3; do
     [ -n "$cand" ] || continue
     if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
       echo "$cand"; return 0
@@ -16,7 +16,8 @@ find_python() {
   done
   # pyenv shims refuse a bare python3.12 unless PYENV_VERSION names an installed version.
   if command -v pyenv >/dev/null 2>&1; then
-    for v in $(pyenv versions --bare 2>/dev/null | grep -E '^3\.(1[2-9])(\.|$)' | sort -rV); do
+    # 3.12 first: the stack is verified there (../shared/STACK.md); newer ones after it.
+    for v in $(pyenv versions --bare 2>/dev/null | grep -E '^3\.(1[2-9])(\.|$)' | sort -V); do
       if PYENV_VERSION="$v" pyenv exec python -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
         echo "PYENV_VERSION=$v pyenv exec python"; return 0
       fi
