@@ -92,15 +92,7 @@ def plot_trace(
         trace_ax.set_ylabel("value")
     # chains differ by line style (colour marks the parameter)
     styles = ["-", "--", ":", "-."]
-    fig.legend(
-        handles=[
-            Line2D([], [], color="black", linestyle=styles[i % 4], label=f"chain {c}")
-            for i, c in enumerate(draws["posterior"].coords["chain"].to_numpy())
-        ],
-        loc="upper left",
-        bbox_to_anchor=(1.0, 0.95),
-        fontsize=8,
-    )
+    _chain_legend(fig, draws, lambda i: {"color": "black", "linestyle": styles[i % 4]})
     return _save(fig, path, title)
 
 
@@ -124,16 +116,19 @@ def plot_rank(
     for ax in fig.axes:
         ax.set_xlabel("fractional rank of the draw (all chains pooled)")
         ax.set_ylabel("ECDF − uniform")
+    _chain_legend(fig, draws, lambda i: {"color": f"C{i}"})
+    return _save(fig, path, title)
+
+
+def _chain_legend(fig, draws: xr.DataTree, style) -> None:
+    """One legend entry per chain, outside the panels; ``style(i)`` gives the line keywords."""
+    chains = draws["posterior"].coords["chain"].to_numpy()
     fig.legend(
-        handles=[
-            Line2D([], [], color=f"C{i}", label=f"chain {c}")
-            for i, c in enumerate(draws["posterior"].coords["chain"].to_numpy())
-        ],
+        handles=[Line2D([], [], label=f"chain {c}", **style(i)) for i, c in enumerate(chains)],
         loc="upper left",
         bbox_to_anchor=(1.0, 0.95),
         fontsize=8,
     )
-    return _save(fig, path, title)
 
 
 def plot_variance_components(
