@@ -30,6 +30,27 @@ recursion of ``bayesprism.schedules`` per data-parallel replica, the data-parall
 start when the last replica finishes its backward, and the step ends after the slowest rank's
 optimizer step (and the parameter AllGather under sharding).
 
+Host idle and synchronisation
+-----------------------------
+GPU idle time inside a step (host work, data loading, launch gaps) is a random quantity per
+rank and step. The traced step of each rank is cut at its collectives (``traced_idle_us`` of
+the inventory, ``bayesprism.inventory``): before synchronisation ``j`` a rank idles ``I_j``,
+gamma-distributed with the traced segment's mean and variance (parameter uncertainty by
+Bayesian bootstrap over the traced rank-steps, ``bayesprism.workload.fit_idle_law``),
+independent over ranks, steps and segments. A synchronous step waits at each synchronisation
+for the slowest of the ``g_j`` ranks it joins (the collective's group in the target plan;
+every rank at the step's end and for collectives of unknown role), so the step adds
+``sum_j max_{g_j ranks} I_j``, each maximum drawn exactly by inverse CDF (``F^-1(U^(1/g))``),
+identically in the exact and the fast path. Assumptions: the idle maxima add to the kernels'
+critical path (an upper bound of the maximum of the sums, exact when either dominates; it
+neglects that a rank slow in compute may idle little); a synchronisation of a sub-group waits
+for one group's slowest rank (the spread between groups' sums is neglected); idle is carried
+over per step unchanged (not scaled with the plan's work) and each rank's idle is capped at
+``max_slowdown`` times its segment's mean. On the DLRM traces (8 ranks, one node, ~1.3 ms of
+kernels a step, ranks starting up to 7.6 ms apart) this reproduces the traced step, 19.4 ms
+from the first rank's first kernel to the last rank's end, and the ~5.9 ms a rank waits inside
+collectives; per-rank spans (11-18.5 ms) are shorter because late ranks do not wait.
+
 Random streams (common random numbers)
 --------------------------------------
 Every source of randomness (step-shared terms, new nodes' effects, new GPUs' effects,
@@ -81,14 +102,18 @@ is ~0.02 lower: the neglected replicas above) and p05-p50 within 15%, the sampli
 Breakdown (sums to the step time exactly)
 -----------------------------------------
 ``compute_s``: the mean rank's compute in the step (all micro-batches plus optimizer), plus the
-traced GPU idle time inside a step (host work and launch gaps: the median over traced rank-steps
-of the measured span minus the expected kernel time, carried over unchanged per step; zero when
-the inventory has no ``traced_step_time_us``).
+mean rank's host idle (below).
 ``exposed_comm_s``: stage collectives (TP/CP/EP) of all micro-batches plus the exposed
 data-parallel collectives. ``bubble_s``: pipeline makespan with every stage at the mean rank's
 pace minus that stage's busy time (fill/drain and point-to-point latency).
-``wait_s``: the rest, i.e. waiting for stragglers (negative when the critical ranks happen to
-run faster than the mean rank).
+``wait_s``: the rest, i.e. waiting for stragglers, including the slowest ranks' host idle in
+excess of the mean rank's (negative when the critical ranks happen to run faster than the mean
+rank).
+
+Training time (``bayesprism.forecast``): the replicates of one posterior draw share its
+cluster (node and GPU effects are drawn once per draw in both paths; the fast path's slowest
+nodes are correlated over replicates by their persistent variance share), so summing steps
+resampled from a draw's replicates is one run on one fixed cluster.
 """
 
 from __future__ import annotations
@@ -144,13 +169,15 @@ class _Streams:
     transient: np.random.Generator  # GPU x step effects and launch residuals
     order: np.random.Generator  # fast path: order-statistic uniforms of the slowest nodes
     layout: np.random.Generator  # fast path: replicas and stages of the slowest nodes
+    idle: np.random.Generator  # host idle before synchronisations (order statistics)
 
     @classmethod
     def from_generator(cls, rng: np.random.Generator) -> _Streams:
         # seeded from the generator's state (not its seed sequence), so the same state gives
         # the same streams and successive calls with one generator get fresh streams
         root = np.random.SeedSequence(rng.integers(0, 2**63, size=4).tolist())
-        return cls(*(np.random.default_rng(child) for child in root.spawn(6)))
+        # spawn keys are stable: adding a stream never changes the numbers of earlier ones
+        return cls(*(np.random.default_rng(child) for child in root.spawn(7)))
 
 
 def rank_law(model: PlanModel) -> RankLaw:
@@ -448,13 +475,49 @@ def _typical_shared(model: PlanModel) -> _Shared:
     )
 
 
-def _assemble(model, shared, schedule, finish, mean_mult, max_mult, ideal_s):
+def _idle_law(model: PlanModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean and variance of the idle segments (D, k) and the ranks each one waits for (k,)."""
+    if model.idle_mean is None or model.idle_group is None:
+        empty = np.zeros((model.draws, 0))
+        return empty, empty, np.zeros(0, dtype=np.int64)
+    return model.idle_mean, model.idle_var, model.idle_group
+
+
+def _idle_draws(model: PlanModel, replicates: int, rng: np.random.Generator, log_cap: float):
+    """Host idle a step adds, (D, R), and the mean rank's idle per step, (D,).
+
+    At synchronisation ``j`` the step waits for the slowest of the ``g_j`` ranks of its group:
+    the maximum of ``g_j`` i.i.d. gamma idle times, drawn exactly by inverse CDF,
+    ``F^-1(U^(1/g))`` (the same numbers in the exact and the fast path). Each rank's idle is
+    capped at ``max_slowdown`` times the segment's mean (as kernel multipliers are capped), and
+    the mean rank's idle is the mean of that capped gamma.
+    """
+    mean, var, group = _idle_law(model)
+    u = rng.random((model.draws, replicates, group.size))
+    spread = var > 0
+    shape = np.where(spread, mean**2 / np.where(spread, var, 1.0), 1.0)[:, None, :]
+    scale = np.where(spread, var / np.where(mean > 0, mean, 1.0), 0.0)[:, None, :]
+    # upper tail 1 - U^(1/g) = -expm1(log(U) / g), exact even for g in the millions
+    tail = -np.expm1(np.log(np.maximum(u, 1e-300)) / np.maximum(group, 1))
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = special.gammainccinv(shape, tail) * scale
+    cap = math.exp(log_cap) * mean[:, None, :]
+    x = np.where(spread[:, None, :], np.minimum(np.nan_to_num(x, nan=np.inf), cap),
+                 mean[:, None, :])
+    # E[min(X, c)] = mean * P(k + 1, c/scale) + c * (1 - P(k, c/scale))
+    k, theta, c = shape[:, 0], scale[:, 0], cap[:, 0]
+    ratio = c / np.where(theta > 0, theta, 1.0)
+    capped_mean = mean * special.gammainc(k + 1.0, ratio) + c * special.gammaincc(k, ratio)
+    return x.sum(axis=-1), np.where(spread, capped_mean, mean).sum(axis=-1)
+
+
+def _assemble(model, shared, schedule, finish, mean_mult, max_mult, idle, ideal_s):
     m = model.plan.microbatches
     after = shared.dp_us + shared.fallback_us
-    idle = np.broadcast_to(np.asarray(model.idle_us, dtype=float), model.fwd_us.shape)[:, None]
-    step_us = finish + after + model.opt_us[:, None] * max_mult + idle
+    step_idle, mean_idle = idle
+    step_us = finish + after + model.opt_us[:, None] * max_mult + step_idle
     compute_us = (m * (model.fwd_us + model.bwd_us)[:, None] + model.opt_us[:, None]) * mean_mult
-    compute_us = compute_us + idle
+    compute_us = compute_us + mean_idle[:, None]
     exposed_us = m * (shared.stage_f_us + shared.stage_b_us) + after
     uniform = np.broadcast_to(mean_mult[..., None], (*mean_mult.shape, model.plan.pp))
     f, b, w = _stage_times(model, shared, uniform, slice(None))
@@ -475,8 +538,8 @@ def ideal_step_time(
     """Variability-free step time (s) of ``plan``: every kernel at its typical duration
     (``exp(kernel_log_median)`` at the posterior median, times the mean of its launch-to-launch
     noise, since a step sums many launches), collectives at the median cost model, no unit,
-    step or transient effects and no waiting (the schedule's structural bubble and the traced
-    idle time are included)."""
+    step or transient effects and no waiting (the schedule's structural bubble and every
+    rank's mean host idle are included)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlanWarning)
         model = build_plan_model(posterior, plan, cluster, typical=True)
@@ -501,7 +564,8 @@ def _ideal_from_model(model: PlanModel, residual_mean: float) -> float:
         shared.p2p_us,
     ).max(axis=-1)
     step = finish + shared.dp_us + shared.fallback_us + model.opt_us[:, None] * residual_mean
-    step = step + np.asarray(model.idle_us, dtype=float).reshape(-1, 1)
+    mean, _, _ = _idle_law(model)
+    step = step + mean.sum(axis=-1, keepdims=True)
     return float(step[0, 0]) / 1e6
 
 
@@ -618,4 +682,5 @@ def compose(
         finish, mean_mult, max_mult, capped = _fast(
             model, posterior, schedule, shared, replicates, streams, log_cap)
     _warn_if_capped(model, posterior, capped, max_slowdown)
-    return _assemble(model, shared, schedule, finish, mean_mult, max_mult, ideal_s)
+    idle = _idle_draws(model, replicates, streams.idle, log_cap)
+    return _assemble(model, shared, schedule, finish, mean_mult, max_mult, idle, ideal_s)

@@ -15,15 +15,18 @@ Definitions (used by the report and the CLI):
 * ``ideal_step_time_s`` is the plan's variability-free step: every kernel at its typical
   duration (``exp(kernel_log_median)`` at the posterior median, times the mean of its
   launch-to-launch noise, as a step sums many launches), collectives at the median cost model,
-  no node/GPU/step variability and no waiting (the schedule's structural bubble and the traced
-  idle time are included).
+  no node/GPU/step variability and no waiting (the schedule's structural bubble and every
+  rank's mean host idle are included).
 * ``slowdown_probability[x]`` = P(step > x * baseline), baseline = ideal step unless the user
   gives ``baseline_s``.
-* ``training_time_s`` is the sum of ``steps`` step times of one run (one posterior draw, one
-  cluster). Up to :data:`SIMULATED_STEPS_MAX` steps it is simulated by summing ``steps`` steps
-  resampled from that draw's replicates; beyond, it is normal with the draw's mean and variance
-  (``steps * mean``, ``steps * var``; the central limit theorem, steps independent given the
-  draw). ``finish_probability[T]`` = P(training time <= T).
+* ``training_time_s`` is the sum of ``steps`` step times of one run on one fixed cluster: one
+  posterior draw, whose node and GPU effects persist over the run while step-level effects,
+  congestion, transients and host idle vary from step to step (the spread between clusters is
+  not averaged away by the number of steps). Up to :data:`SIMULATED_STEPS_MAX` steps it is
+  simulated by summing ``steps`` steps resampled from that draw's replicates; beyond, it is
+  normal with the draw's mean and variance (``steps * mean``, ``steps * var``; the central
+  limit theorem, steps independent given the draw).
+  ``finish_probability[T]`` = P(training time <= T).
 * ``breakdown_s`` holds the means of ``compute_s``, ``exposed_comm_s``, ``bubble_s`` and
   ``wait_s``, which add up to the step time draw by draw (see ``bayesprism.composition``).
 """

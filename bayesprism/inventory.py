@@ -191,7 +191,9 @@ def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
         Variables ``kernel_class``, ``launches_per_step``, ``bytes_per_launch``, ``group_size``,
         ``role`` (kernel); ``launches`` (kernel, rank); ``rank_node``, ``rank_gpu`` (rank);
         ``traced_step_time_us`` (step_unit, rank; NaN without ``start_us`` or where the rank ran
-        nothing in that step). attrs ``kind="kernel"``, ``traced_plan`` (JSON), ``run``,
+        nothing in that step); ``traced_idle_us`` (step_unit, rank, sync) and ``sync_role``
+        (sync): the rank's host idle time before each synchronisation (:func:`_sync_idle`).
+        attrs ``kind="kernel"``, ``traced_plan`` (JSON), ``run``,
         ``platform``.
     """
     if len(table) == 0:
@@ -244,6 +246,7 @@ def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
         span = np.full((len(step_units), len(ranks)), np.nan)
         span_note = "no start_us column: step spans unknown"
 
+    idle, sync_role = _sync_idle(rows, frame, step_units, ranks, roles, kernels)
     platforms = sorted({str(m.get("platform")) for m in (rows.attrs.get("runs") or {}).values()
                         if m.get("platform")})
     plan_json = {k: v for k, v in plan.items() if k != "known"}
@@ -258,14 +261,97 @@ def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
             "rank_node": ("rank", placement["node"].astype(str).to_numpy().astype(object)),
             "rank_gpu": ("rank", placement["gpu"].to_numpy(dtype=np.int64)),
             "traced_step_time_us": (("step_unit", "rank"), span),
+            "traced_idle_us": (("step_unit", "rank", "sync"), idle),
+            "sync_role": ("sync", sync_role),
         },
         coords={"kernel": np.array(kernels, dtype=object), "rank": np.array(ranks),
-                "step_unit": np.array(step_units, dtype=object)},
+                "step_unit": np.array(step_units, dtype=object),
+                "sync": np.arange(idle.shape[-1])},
         attrs={"kind": "kernel", "traced_plan": json.dumps(plan_json, sort_keys=True),
                "plan_known": int(plan["known"]), "run": ",".join(sorted(run.unique())),
                "platform": ",".join(platforms), "traced_step_time_note": span_note},
     )
     return ds
+
+
+def _union_length(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> float:
+    """Length of the union of the intervals [starts, ends) clipped to [lo, hi)."""
+    starts, ends = np.clip(starts, lo, hi), np.clip(ends, lo, hi)
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    if not starts.size:
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], np.maximum.accumulate(ends[order])
+    # a new run of overlapping intervals starts where an interval begins after all earlier end
+    fresh = np.r_[True, starts[1:] > ends[:-1]]
+    run_start = starts[fresh]
+    run_end = np.r_[ends[np.flatnonzero(fresh)[1:] - 1], ends[-1]]
+    return float((run_end - run_start).sum())
+
+
+def _sync_idle(rows: pd.DataFrame, frame: pd.DataFrame, step_units: list, ranks: list,
+               roles: list, kernels: list) -> tuple[np.ndarray, np.ndarray]:
+    """Host idle time of each rank before each synchronisation of each step.
+
+    A rank's step is cut at its collectives (in start order): segment ``j`` runs from the
+    release of the previous collective (its end; for ``j = 0`` the start of the step, i.e. the
+    earliest first kernel of the ranks of the same node, whose clock is shared) to the start
+    of collective ``j`` (the rank's arrival), and the last segment from the last collective's
+    end to the rank's last kernel end. The idle time of a segment is its length minus the time
+    the rank's non-collective kernels cover in it (union of their intervals): host work and
+    launch gaps, never the waiting inside collectives (which the composition recreates).
+    Segments are aligned across ranks and steps by their order; a rank-step with fewer
+    collectives has NaN in the missing ones. Collectives that overlap compute on another stream
+    shorten segments (idle is then understated, never negative).
+
+    Returns
+    -------
+    (idle, sync_role)
+        ``idle`` (step_unit, rank, sync) in µs, all NaN (one segment) without ``start_us``;
+        ``sync_role`` (sync): the parallel role of the collective ending each segment (the most
+        common over rank-steps), ``"step"`` for the last segment.
+    """
+    if "start_us" not in rows.columns or not rows["start_us"].notna().any():
+        return (np.full((len(step_units), len(ranks), 1), np.nan),
+                np.array(["step"], dtype=object))
+    start = rows["start_us"].to_numpy(dtype=float)
+    end = start + rows["duration_us"].to_numpy(dtype=float)
+    node = rows["node"].astype(str).to_numpy()
+    is_coll = frame["kernel_class"].isin(COLLECTIVE_CLASSES).to_numpy()
+    role_of = dict(zip(kernels, roles, strict=True))
+    keys = pd.DataFrame({"u": frame["step_unit"].to_numpy(), "n": node, "s": start})
+    node_start = keys.groupby(["u", "n"])["s"].transform("min").to_numpy()
+    unit_ix = {u: i for i, u in enumerate(step_units)}
+    rank_ix = {r: i for i, r in enumerate(ranks)}
+    segments: dict[tuple[int, int], list[float]] = {}
+    seg_roles: dict[tuple[int, int], list[str]] = {}
+    names = frame["kernel"].to_numpy()
+    for (unit, rank), ix in frame.groupby(["step_unit", "rank"]).indices.items():
+        ix = ix[np.isfinite(start[ix])]
+        if not ix.size:
+            continue
+        ix = ix[np.argsort(start[ix], kind="stable")]
+        coll, comp = ix[is_coll[ix]], ix[~is_coll[ix]]
+        lo = np.r_[node_start[ix[0]], end[coll]]
+        hi = np.r_[start[coll], end[ix].max()]
+        key = (unit_ix[unit], rank_ix[int(rank)])
+        segments[key] = [max(0.0, (b - a) - _union_length(start[comp], end[comp], a, b))
+                         if b > a else 0.0 for a, b in zip(lo, hi, strict=True)]
+        seg_roles[key] = [role_of[names[k]] for k in coll]
+    if not segments:
+        return (np.full((len(step_units), len(ranks), 1), np.nan),
+                np.array(["step"], dtype=object))
+    width = max(len(v) for v in segments.values())
+    idle = np.full((len(step_units), len(ranks), width), np.nan)
+    for (u, r), values in segments.items():
+        idle[u, r, : len(values) - 1] = values[:-1]
+        idle[u, r, width - 1] = values[-1]  # the step's end is the last segment of every rank
+    sync_role = []
+    for j in range(width - 1):
+        found = pd.Series([v[j] for v in seg_roles.values() if len(v) > j])
+        sync_role.append(str(found.value_counts().index[0]) if len(found) else "unknown")
+    return idle, np.array([*sync_role, "step"], dtype=object)
 
 
 def _step_unit_key(label: str) -> tuple[str, int]:

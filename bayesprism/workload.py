@@ -45,10 +45,13 @@ Notation: the traced plan (``inventory.attrs["traced_plan"]``) is ``dp0, tp0, pp
   ReduceScatter/AllGather without fitted cost parameters use the AllReduce parameters.
 * A group spans nodes (inter tier) when its rank span exceeds ``gpus_per_node``; ranks are
   ordered tp fastest, then cp, dp, pp (Megatron), node = rank // gpus_per_node.
-* GPU idle time inside a traced step (host work, launch gaps): the median over traced
-  (step, rank) of ``traced_step_time_us`` minus the rank's expected kernel time is added to
-  every step unchanged (not scaled; its rank-to-rank spread is not modelled). With
-  cost-modelled collectives the traced waiting inside them also lands in this gap.
+* GPU idle time inside a traced step (host work, launch gaps): a random quantity per rank,
+  step and synchronisation, gamma per segment of the traced step between collectives
+  (:class:`IdleLaw`, :func:`fit_idle_law` on the inventory's ``traced_idle_us``), carried over
+  per step unchanged (not scaled with the plan's work); each synchronisation waits for the
+  slowest of the ranks of its group in the target plan (:func:`sync_group`). Older inventories
+  without ``traced_idle_us``: one segment, each traced rank-step's span minus its expected
+  kernel time (which also holds the waiting inside cost-modelled collectives).
 * Collective kernels without a cost model keep their kernel-model duration
   (``exp(kernel_log_median)``, group size as traced) and are counted as exposed communication.
 
@@ -99,19 +102,94 @@ def _traced_plan(inventory: xr.Dataset) -> dict:
     return out
 
 
-def _traced_idle_us(
+@dataclass(frozen=True)
+class IdleLaw:
+    """Host idle time of a rank before each synchronisation of a step, per posterior draw.
+
+    Segment ``j``'s idle is gamma with mean ``mean[:, j]`` and variance ``var[:, j]``,
+    independent over ranks and steps; ``roles[j]`` is the parallel role of the collective that
+    ends the segment (``"step"``: the step's end).
+    """
+
+    mean: np.ndarray  # (D, k)
+    var: np.ndarray  # (D, k)
+    roles: tuple[str, ...]
+
+    @classmethod
+    def none(cls, draws: int) -> IdleLaw:
+        return cls(np.zeros((draws, 0)), np.zeros((draws, 0)), ())
+
+
+#: Seed of the idle law's parameter draws (fixed: the same fit gives the same law).
+_IDLE_SEED = 0x1D1E
+
+
+def fit_idle_law(values: list[np.ndarray], roles: list[str], draws: int) -> IdleLaw:
+    """Gamma idle law per segment with its parameter uncertainty, ``draws`` draws.
+
+    ``values[j]`` holds the traced idle times (µs) of segment ``j`` over (step, rank). Each
+    draw reweights them with Dirichlet(1, ..., 1) weights (Bayesian bootstrap) and takes the
+    weighted mean and (``n/(n-1)``-corrected) variance: a few traced ranks give a wide law,
+    without assuming a family for the parameters. The gamma (moment-matched per draw) has an
+    exponential upper tail: lighter than a lognormal's, which overstated the slowest of the
+    traced ranks' host idle (the first segment of the DLRM traces is skewed to the left in
+    logs), heavier than a normal's. One value (or equal values): that value, variance 0.
+    Segments with no value are dropped.
+    """
+    rng = np.random.default_rng(_IDLE_SEED)
+    means, variances, kept = [], [], []
+    for seg, role in zip(values, roles, strict=True):
+        seg = np.asarray(seg, dtype=float)
+        seg = np.maximum(seg[np.isfinite(seg)], 0.0)
+        n = seg.size
+        if n == 0:
+            continue
+        if n == 1 or np.ptp(seg) == 0.0:
+            means.append(np.full(draws, seg.mean()))
+            variances.append(np.zeros(draws))
+        else:
+            w = rng.dirichlet(np.ones(n), size=draws)  # (D, n)
+            mean = w @ seg
+            means.append(mean)
+            variances.append((w * (seg - mean[:, None]) ** 2).sum(axis=1) * n / (n - 1))
+        kept.append(str(role))
+    if not kept:
+        return IdleLaw.none(draws)
+    return IdleLaw(np.stack(means, axis=-1), np.stack(variances, axis=-1), tuple(kept))
+
+
+def _traced_idle_law(group: xr.Dataset, inventory: xr.Dataset, modelled: set[str],
+                     traced_gpn: int) -> IdleLaw:
+    """The idle law of the traced run: from ``traced_idle_us`` (per synchronisation), or, for
+    inventories without it, one segment per step from the rank-step gaps of
+    :func:`_traced_gaps_us` (span minus expected busy time, posterior median)."""
+    draws = int(group.sizes["chain"] * group.sizes["draw"])
+    if "traced_idle_us" in inventory and np.isfinite(inventory["traced_idle_us"]).any():
+        idle = inventory["traced_idle_us"].transpose(..., "sync").to_numpy()
+        idle = idle.reshape(-1, idle.shape[-1])
+        roles = (inventory["sync_role"].to_numpy().astype(str) if "sync_role" in inventory
+                 else ["unknown"] * (idle.shape[-1] - 1) + ["step"])
+        return fit_idle_law([idle[:, j] for j in range(idle.shape[-1])], list(roles), draws)
+    gaps = _traced_gaps_us(group, inventory, modelled, traced_gpn)
+    if gaps is None:
+        return IdleLaw.none(draws)
+    return fit_idle_law([gaps], ["step"], draws)
+
+
+def _traced_gaps_us(
     group: xr.Dataset, inventory: xr.Dataset, modelled: set[str], traced_gpn: int
-) -> np.ndarray:
-    """Per draw, the median over traced (step, rank) of span minus expected busy time (>= 0).
+) -> np.ndarray | None:
+    """Per traced (step, rank), span minus expected busy time (>= 0, posterior median; NaN
+    where the span is unknown).
 
     The busy time of a traced rank is the sum over its kernels of launches times the mean
     duration (``exp(kernel_log_median + resid_scale^2 / 2)``; cost-modelled collectives: the
-    mean ring transfer at the traced group size and bytes). Zeros when the inventory has no
+    mean ring transfer at the traced group size and bytes). None when the inventory has no
     ``traced_step_time_us`` or ``launches``.
     """
     draws = int(group.sizes["chain"] * group.sizes["draw"])
     if "traced_step_time_us" not in inventory or "launches" not in inventory:
-        return np.zeros(draws)
+        return None
     launches = inventory["launches"].fillna(0.0)
     names = launches["kernel"].to_numpy().astype(str)
     classes = inventory["kernel_class"].sel(kernel=names).to_numpy().astype(str)
@@ -141,9 +219,8 @@ def _traced_idle_us(
                 params["coll_bandwidth_gbps"])
     busy = xr.DataArray(mean_us, dims=("sample", "kernel"), coords={"kernel": names})
     busy = (busy * launches).sum("kernel")
-    gap = inventory["traced_step_time_us"] - busy
-    gap = gap.median([d for d in gap.dims if d != "sample"], skipna=True)
-    return np.clip(np.nan_to_num(gap.to_numpy(), nan=0.0), 0.0, None)
+    gap = (inventory["traced_step_time_us"] - busy).median("sample")
+    return np.clip(gap.to_numpy().ravel(), 0.0, None)
 
 
 def collective_model_classes(posterior: xr.DataTree, group: xr.Dataset) -> set[str]:
@@ -180,7 +257,7 @@ class PosteriorArrays:
     class_scale: dict  # (level, kernel class) -> (D,), levels of LEVELS and "resid"
     coll_cost: dict  # (variable, collective, tier) -> (D,)
     coll_spread: dict  # (variable, collective) -> (D,): coll_noise, coll_congestion
-    idle_us: np.ndarray  # (D,)
+    idle: IdleLaw
 
 
 #: Extracted arrays per live posterior, keyed by ``id`` (the entry is dropped when the posterior
@@ -274,7 +351,7 @@ def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
         class_scale=class_scale,
         coll_cost=coll_cost,
         coll_spread=coll_spread,
-        idle_us=_traced_idle_us(group, inventory, modelled, traced["gpus_per_node"]),
+        idle=_traced_idle_law(group, inventory, modelled, traced["gpus_per_node"]),
     )
 
 
@@ -303,7 +380,11 @@ class PlanModel:
     resid_mu: np.ndarray  # mean of the per-rank-step residual log factor
     resid_sd: np.ndarray
     comms: list[CommTerm] = field(default_factory=list)
-    idle_us: np.ndarray | float = 0.0  # traced GPU idle time inside a step, carried over
+    # host idle before each synchronisation (gamma per segment, (D, k)) and the number of
+    # ranks each synchronisation waits for in the target plan (k,)
+    idle_mean: np.ndarray | None = None
+    idle_var: np.ndarray | None = None
+    idle_group: np.ndarray | None = None
 
     @property
     def draws(self) -> int:
@@ -521,7 +602,8 @@ def build_plan_model(
             for kind in kinds:
                 comm_specs.append((kind, "dp", dp_group, per_bucket, buckets, tier))
 
-    idle = per_draw(arrays.idle_us)
+    law = arrays.idle
+    idle_var = np.zeros((draws, len(law.roles))) if typical else law.var
     comms = [_comm_term(arrays, spec, per_draw, typical, cluster) for spec in comm_specs]
     for cls, det in fallback:
         zeros = np.zeros(draws)
@@ -536,8 +618,19 @@ def build_plan_model(
         resid_mu=resid_mu,
         resid_sd=resid_sd,
         comms=comms,
-        idle_us=idle,
+        idle_mean=per_draw(law.mean),
+        idle_var=idle_var,
+        idle_group=np.array([sync_group(plan, role) for role in law.roles], dtype=np.int64),
     )
+
+
+def sync_group(plan: ParallelPlan, role: str) -> int:
+    """Ranks a synchronisation of ``role`` waits for in ``plan``: its collective's group (tp,
+    cp, ep; 2 for pipeline send/recv; dp*cp for data-parallel), every rank for the step's end
+    and for collectives of unknown role."""
+    groups = {"tp": plan.tp, "cp": plan.cp, "ep": plan.ep, "pp": 2 if plan.pp > 1 else 1,
+              "dp": plan.dp * plan.cp}
+    return int(groups.get(role, plan.gpus))
 
 
 def _comm_term(arrays: PosteriorArrays, spec, per_draw, typical: bool, cluster: Cluster | None):

@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     import arviz as az
     import nutpie
 
+    from bayesprism.inference import nutpie_backend
     from bayesprism.model.kernel import build_kernel, prepare_kernel
     from bayesprism.spec import ModelSpec
 
@@ -94,10 +95,15 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     prepared = prepare_kernel([table], spec)
     t1 = time.perf_counter()
+    print(f"aggregate {t1 - t0:.1f} s", flush=True)
     model = build_kernel(prepared, spec)
     t2 = time.perf_counter()
-    compiled = nutpie.compile_pymc_model(model)
+    print(f"build {t2 - t1:.1f} s", flush=True)
+    backend = nutpie_backend()
+    compiled = nutpie.compile_pymc_model(
+        model, backend=backend, gradient_backend="jax" if backend == "jax" else "pytensor")
     t3 = time.perf_counter()
+    print(f"compile ({backend}) {t3 - t2:.1f} s", flush=True)
     fit = nutpie.sample(compiled, draws=args.draws, tune=args.tune, chains=2, cores=2,
                         seed=args.seed, progress_bar=False)
     t4 = time.perf_counter()

@@ -264,11 +264,72 @@ def test_expert_parallel_replicas_advance_together():
 
 
 def test_traced_gpu_idle_time_is_carried_over_per_step():
-    # busy 10 x 100 us per rank; spans 1500, 1700, 1600 us: median idle 600 us per step
-    post = gemm_only(draws=3, spans_us=[1500.0, 1700.0, 1600.0])
+    # busy 10 x 100 us per rank; spans of 1600 us on every rank: 600 us idle, no spread
+    post = gemm_only(draws=3, spans_us=[1600.0, 1600.0, 1600.0])
     steps = compose(post, ParallelPlan(pp=2, microbatches=4, schedule="gpipe"), replicates=1,
                     rng=np.random.default_rng(0))
     slot = 1000.0 / 2  # F + B per micro-batch on a stage of half the layers
     np.testing.assert_allclose(steps.step_time_s, ((4 + 1) * slot + 600.0) * 1e-6)
     np.testing.assert_allclose(steps.compute_s, (4 * slot + 600.0) * 1e-6)
     assert steps.ideal_step_time_s == pytest.approx(((4 + 1) * slot + 600.0) * 1e-6)
+
+
+def _with_idle(post, idle_us, roles):
+    """``post`` with a traced ``traced_idle_us`` (step_unit, rank, sync) inventory."""
+    idle_us = np.asarray(idle_us, dtype=float)
+    inventory = post["inventory"].to_dataset().drop_dims("step_unit", errors="ignore")
+    inventory = inventory.drop_vars(["rank"], errors="ignore")
+    inventory["traced_idle_us"] = (("step_unit", "rank", "sync"), idle_us)
+    inventory["sync_role"] = ("sync", np.array(roles, dtype=object))
+    out = post.copy()
+    out["inventory"] = inventory
+    return out
+
+
+def test_each_synchronisation_waits_for_the_slowest_rank_idle():
+    # deterministic kernels (1000 us a step); idle before a dp collective: 100 or 300 us
+    # (gamma, mean 200, variance 80,000/3 from 4 traced ranks); every rank idles 50 us at the end
+    traced = [[[100.0, 50.0], [300.0, 50.0], [100.0, 50.0], [300.0, 50.0]]]
+    post = _with_idle(gemm_only(draws=400), traced, ["dp", "step"])
+    model = build_plan_model(post, ParallelPlan(dp=16))
+    assert model.idle_group.tolist() == [16, 16]
+    # Bayesian bootstrap: mean around 200 us, the per-draw law varies (parameter uncertainty)
+    assert np.mean(model.idle_mean[:, 0]) == pytest.approx(200.0, rel=0.03)
+    assert np.ptp(model.idle_mean[:, 0]) > 50.0
+    np.testing.assert_allclose(model.idle_mean[:, 1], 50.0)
+    np.testing.assert_allclose(model.idle_var[:, 1], 0.0)
+    steps = compose(post, ParallelPlan(dp=16), replicates=50, rng=np.random.default_rng(1))
+    extra = steps.step_time_s * 1e6 - 1000.0 - 50.0  # idle of the slowest of 16 ranks
+    k = model.idle_mean[:, 0] ** 2 / model.idle_var[:, 0]
+    theta = model.idle_var[:, 0] / model.idle_mean[:, 0]
+    # P(max of 16 <= x) = F(x)^16 averaged over draws, at the predicted quartiles
+    for q in (0.25, 0.5, 0.75):
+        x = np.quantile(extra, q)
+        law = np.mean(stats.gamma.cdf(x, k, scale=theta) ** 16)
+        assert law == pytest.approx(q, abs=0.02)
+    assert np.median(extra) > 250.0  # well above the mean rank's 200 us
+    total = steps.compute_s + steps.exposed_comm_s + steps.bubble_s + steps.wait_s
+    np.testing.assert_allclose(total, steps.step_time_s)
+    # compute holds the mean rank's idle (cap far away), wait the slowest rank's excess
+    np.testing.assert_allclose(steps.compute_s * 1e6, np.broadcast_to(
+        1000.0 + 50.0 + model.idle_mean[:, :1], steps.compute_s.shape), rtol=1e-6)
+    assert np.mean(steps.wait_s) > 0
+    # the ideal step takes every rank at its mean idle
+    assert steps.ideal_step_time_s * 1e6 == pytest.approx(
+        1000.0 + 50.0 + np.median(model.idle_mean[:, 0]))
+    # a synchronisation of one rank (tp = 1 here) waits for nobody: its own idle only
+    alone = build_plan_model(_with_idle(post, traced, ["tp", "step"]), ParallelPlan(dp=16))
+    assert alone.idle_group.tolist() == [1, 16]
+
+
+def test_idle_is_the_same_in_the_exact_and_the_fast_path():
+    traced = [[[100.0, 50.0], [300.0, 60.0], [120.0, 40.0], [250.0, 55.0]]]
+    post = _with_idle(gemm_only(draws=50), traced, ["dp", "step"])
+    plan = ParallelPlan(dp=4096)
+    exact = compose(post, plan, replicates=4, rng=np.random.default_rng(3), exact=True)
+    fast = compose(post, plan, replicates=4, rng=np.random.default_rng(3), exact=False)
+    np.testing.assert_allclose(fast.step_time_s, exact.step_time_s)
+    np.testing.assert_allclose(fast.wait_s, exact.wait_s)
+    # the slowest of 4,096 ranks, capped at 20x the mean: bounded, above every traced value
+    extra = exact.step_time_s * 1e6 - 1000.0
+    assert np.all(extra > 300.0) and np.all(extra < 20 * (300.0 + 60.0))

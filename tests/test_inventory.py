@@ -54,6 +54,11 @@ def test_kernel_inventory_exact_values():
     assert list(inv["step_unit"].values) == ["r/0", "r/1"]
     np.testing.assert_allclose(inv["traced_step_time_us"].values,
                                [[30, 34, 15], [20, 29, np.nan]])
+    # idle before the AllReduce from the node's step start (0 and 100 on node a), minus the
+    # GEMMs' cover; nothing after it; rank 2 ran nothing in step 1
+    np.testing.assert_allclose(inv["traced_idle_us"].values,
+                               [[[5, 0], [10, 0], [1, 0]], [[5, 0], [5, 0], [np.nan, np.nan]]])
+    assert list(inv["sync_role"].values) == ["dp", "step"]
     plan = json.loads(inv.attrs["traced_plan"])
     assert plan == {"dp": 3, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "microbatches": None,
                     "gpus_per_node": 2, "world_size": 3}

@@ -81,13 +81,17 @@ def test_integrated_gpustep_effects_equal_the_multivariate_normal():
                            on_unused_input="ignore")
     rng = np.random.default_rng(5)
     start = model.initial_point()
+    terms = model.replace_rvs_by_values([model["kernel_log_median"], model["gpustep_scale"]])
+    baselines, gpustep_scale = (
+        model.compile_fn(t, inputs=model.value_vars, point_fn=True, on_unused_input="ignore")
+        for t in terms)
     classes = prepared.coords["kernel_class"]
     kernels = prepared.coords["kernel"]
     for _ in range(3):
         point = {k: v + rng.normal(scale=0.3, size=np.shape(v)) for k, v in start.items()}
-        a = point["kernel_log_median_free"]
+        a = baselines(point)  # no node level: the free baselines themselves
         resid = np.exp(point["resid_scale_log__"])
-        lam = np.exp(point["gpustep_scale_log__"])
+        lam = gpustep_scale(point)
         expected = 0.0
         for (_, _), rows in table.groupby(["gpu", "step"]):
             k = np.array([kernels.index(x) for x in rows["kernel"].astype(str)])

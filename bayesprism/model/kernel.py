@@ -17,8 +17,9 @@ Fitting choices (measured, see the benchmark and tests):
 * Unit effects (node, gpu, step, cabinet): the likelihood sees them centred within their group
   (nodes and cabinets globally, GPUs within node, steps within run), so the location direction
   is prior-only and never forms a ridge with the kernel baselines. A level whose units carry
-  many launches is sampled *centred* (log-scale offsets of a reference class with population
-  scale ``{level}_scale_ref``, other classes by loading ratios); a sparse level non-centred
+  many launches is sampled *centred* (log-scale offsets of the launch-weighted geometric-mean
+  class with population scale ``{level}_scale_ref``, classes by centred loading ratios); a
+  sparse level non-centred
   (standardised effects, per-class loadings). ``parameterisation = "auto"`` chooses per level.
 * Node and cabinet effects are reported uncentred with ``kernel_log_median`` shifted to match
   (a_k = free baseline − λ_c·mean(u)), so the population-location uncertainty stays in a_k;
@@ -33,12 +34,13 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+from scipy.linalg import helmert
 
 from bayesprism import collectives as coll
 from bayesprism.errors import InputError, Problem
 from bayesprism.model import PreparedData
 from bayesprism.model.cells import aggregate_cells
-from bayesprism.model.effects import segment_sum, unit_level
+from bayesprism.model.effects import class_scales, segment_sum, unit_level
 from bayesprism.spec import ModelSpec
 
 REQUIRED = ("run", "step", "node", "gpu", "kernel", "kernel_class", "duration_us")
@@ -102,7 +104,12 @@ def _check_tables(tables: Sequence[pd.DataFrame]) -> None:
         if bad.any():
             problems.append(Problem(src, "duration_us", "must be a finite number > 0",
                                     int(bad.sum()), t["duration_us"].to_numpy()[bad][0]))
-        step_rows = (t["kernel_class"].astype(str) == "step").to_numpy()
+        kernel_class = t["kernel_class"]
+        if isinstance(kernel_class.dtype, pd.CategoricalDtype):  # 10 M strings cost seconds
+            step_code = (kernel_class.cat.categories.astype(str) == "step").nonzero()[0]
+            step_rows = np.isin(kernel_class.cat.codes.to_numpy(), step_code)
+        else:
+            step_rows = (kernel_class.astype(str) == "step").to_numpy()
         if step_rows.any():
             problems.append(Problem(
                 src, "kernel_class",
@@ -516,8 +523,15 @@ def _kernel_baselines(kernel_mean: np.ndarray, cls: np.ndarray, n_classes: int, 
     loc = float(np.median(kernel_mean))
     tau2 = spec.prior("kernel_log_median_sd") ** 2
     class_sd = pm.HalfNormal("kernel_class_sd", spec.prior("kernel_class_sd"), dims="kernel_class")
-    # Data-dominated baselines: sampled directly (centred), started at the observed means.
-    a_free = pm.Flat("kernel_log_median_free", dims="kernel", initval=kernel_mean)
+    # Data-dominated baselines, sampled centred and started at the observed means, in an
+    # orthonormal basis whose first vector is the all-kernels mean: the mean of the integrated
+    # GPU×step effects shifts every baseline alike, and a diagonal mass matrix handles that
+    # common direction only when it is a coordinate of its own.
+    basis = helmert(len(kernel_mean), full=True)
+    pm.modelcontext(None).add_coord("kernel_basis", list(range(len(kernel_mean))))
+    coef = pm.Flat("kernel_log_median_coef", dims="kernel_basis",
+                   initval=basis @ (np.asarray(kernel_mean, dtype=float) - loc))
+    a_free = loc + pt.dot(coef, basis)
     count = np.bincount(cls, minlength=n_classes).astype(float)
     dev = a_free - loc
     var = class_sd**2
@@ -568,7 +582,8 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     pm.Deterministic("kernel_log_median", a_free - shift, dims="kernel")
     gpustep = None
     if "gpustep" in attrs["levels"]:
-        gpustep = pm.HalfNormal("gpustep_scale", spec.prior("level_scale"), dims="kernel_class")
+        gpustep = class_scales(
+            "gpustep", pm.HalfNormal("gpustep_scale_ref", spec.prior("level_scale")), prepared)
 
     if rows or spec.likelihood == "student_t":
         _row_likelihood(prepared, spec, a_free, beta, resid, gpustep)
