@@ -105,7 +105,6 @@ def unit_level(level: str, prepared, spec: ModelSpec):
 
     dim = {"gpu": "gpu_unit", "step": "step_unit"}.get(level, level)
     family = spec.population(level)
-    classes = prepared.coords["kernel_class"]
     group = prepared.data[f"{level}_group"]
     model = pm.modelcontext(None)
     model.add_coord(f"{level}_basis", list(range(group.size)))
