@@ -191,7 +191,8 @@ def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
         Variables ``kernel_class``, ``launches_per_step``, ``bytes_per_launch``, ``group_size``,
         ``role`` (kernel); ``launches`` (kernel, rank); ``rank_node``, ``rank_gpu`` (rank);
         ``traced_step_time_us`` (step_unit, rank; NaN without ``start_us`` or where the rank ran
-        nothing in that step); ``traced_idle_us`` (step_unit, rank, sync) and ``sync_role``
+        nothing in that step); ``traced_step_span_us`` (step_unit: the step from the first
+        kernel of any rank to the last end, the longest over nodes); ``traced_idle_us`` (step_unit, rank, sync) and ``sync_role``
         (sync): the rank's host idle time before each synchronisation (:func:`_sync_idle`).
         attrs ``kind="kernel"``, ``traced_plan`` (JSON), ``run``,
         ``platform``.
@@ -241,9 +242,16 @@ def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
         grouped = spans.groupby(["step_unit", "rank"])
         span = (grouped["end"].max() - grouped["start"].min()).unstack("rank")
         span = span.reindex(index=step_units, columns=ranks).to_numpy(dtype=float)
+        # the step itself: first kernel of any rank to the last end, per node (ranks of a node
+        # share its clock), so late-starting ranks' short spans do not hide the waiting
+        spans["node"] = rows["node"].astype(str).to_numpy()
+        by_node = spans.groupby(["step_unit", "node"])
+        step_span = (by_node["end"].max() - by_node["start"].min()).unstack("node")
+        step_span = step_span.reindex(index=step_units).max(axis=1).to_numpy(dtype=float)
         span_note = "span from start_us and duration_us"
     else:
         span = np.full((len(step_units), len(ranks)), np.nan)
+        step_span = np.full(len(step_units), np.nan)
         span_note = "no start_us column: step spans unknown"
 
     idle, sync_role = _sync_idle(rows, frame, step_units, ranks, roles, kernels)
@@ -261,6 +269,7 @@ def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
             "rank_node": ("rank", placement["node"].astype(str).to_numpy().astype(object)),
             "rank_gpu": ("rank", placement["gpu"].to_numpy(dtype=np.int64)),
             "traced_step_time_us": (("step_unit", "rank"), span),
+            "traced_step_span_us": ("step_unit", step_span),
             "traced_idle_us": (("step_unit", "rank", "sync"), idle),
             "sync_role": ("sync", sync_role),
         },

@@ -310,7 +310,10 @@ def test_step_time_check_compares_traced_and_composed_step_time(good_fit, good_r
     check = good_report.step_time_check
     assert check is not None, good_report.notes
     assert check["n_steps"] == 6
-    traced = good_fit["inventory"]["traced_step_time_us"].max("rank").median().item() / 1e6
+    inventory = good_fit["inventory"]
+    spans = (inventory["traced_step_span_us"] if "traced_step_span_us" in inventory
+             else inventory["traced_step_time_us"].max("rank"))
+    traced = spans.median().item() / 1e6
     assert check["observed_median_s"] == pytest.approx(traced)
     # same truth on both sides: the composed median is within 20% of the traced one
     assert check["predicted_median_s"] == pytest.approx(traced, rel=0.2)

@@ -54,6 +54,8 @@ def test_kernel_inventory_exact_values():
     assert list(inv["step_unit"].values) == ["r/0", "r/1"]
     np.testing.assert_allclose(inv["traced_step_time_us"].values,
                                [[30, 34, 15], [20, 29, np.nan]])
+    # the step: node a 0 -> 34 and 100 -> 129, node b 0 -> 15; the longest node counts
+    np.testing.assert_allclose(inv["traced_step_span_us"].values, [34, 29])
     # idle before the AllReduce from the node's step start (0 and 100 on node a), minus the
     # GEMMs' cover; nothing after it; rank 2 ran nothing in step 1
     np.testing.assert_allclose(inv["traced_idle_us"].values,
