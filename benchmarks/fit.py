@@ -3,7 +3,8 @@
 Generates a trace table of 512 GPUs (64 nodes × 8) × 20 steps × 1,000 launches per rank-step
 (20 kernels in 5 classes, 50 launches each) with known node / GPU / step / GPU×step effects and
 one degraded node, then times the end-to-end fit: aggregation to cell statistics, model build,
-nutpie compilation and sampling (2 chains). Prints seconds, max R-hat and min bulk ESS of the
+nutpie compilation (JAX backend when installed, as ``bayesprism.fit`` does) and sampling
+(2 chains), printing each phase as it ends. Prints seconds, max R-hat and min bulk ESS of the
 variance components, the recovered scales against the truth, and the cost per launch of one
 log-density + gradient evaluation of the cell likelihood against the row-level likelihood of
 the same model on a subsample.

@@ -106,33 +106,45 @@ def unit_level(level: str, prepared, spec: ModelSpec):
     dim = {"gpu": "gpu_unit", "step": "step_unit"}.get(level, level)
     family = spec.population(level)
     group = prepared.data[f"{level}_group"]
-    model = pm.modelcontext(None)
-    model.add_coord(f"{level}_basis", list(range(group.size)))
-    free = pm.Flat(f"{level}_basis_coef", dims=f"{level}_basis")
     n_groups = int(group.max()) + 1
-    if prepared.attrs["parameterisation"][level] == "noncentred":
-        raw = grouped_helmert(free, group)
-        group_mean = segment_sum(raw, group, n_groups) / np.bincount(group, minlength=n_groups)
-        loading = pm.HalfNormal(f"{level}_scale", spec.prior("level_scale"), dims="kernel_class")
-        pm.Potential(f"{level}_population", population_logp(raw, family, level, 1.0, spec))
-        effect = pm.Deterministic(f"{level}_effect", raw, dims=dim)
-        return loading, effect, raw - group_mean[group]
-    scale_ref = pm.HalfNormal(f"{level}_scale_ref", spec.prior("level_scale"))
-    # The data pin the within-group contrasts but not the group-mean coordinates, which only
-    # the population prior sees: sampled on the population scale they would form a funnel with
-    # scale_ref (measured: 40-150 leapfrog steps per draw, ESS ~30 on those coordinates), so
-    # they are sampled standardised (times scale_ref, with its Jacobian).
     is_group_mean = np.zeros(group.size, dtype=bool)
     is_group_mean[np.unique(group, return_index=True)[1]] = True
-    raw = grouped_helmert(pt.where(is_group_mean, free * scale_ref, free), group)
-    pm.Potential(f"{level}_group_mean_jacobian", n_groups * pt.log(scale_ref))
-    group_mean = segment_sum(raw, group, n_groups) / np.bincount(group, minlength=n_groups)
-    pm.Potential(f"{level}_population", population_logp(raw, family, level, scale_ref, spec))
-    loading = class_scales(level, scale_ref, prepared)
-    effect = pm.Deterministic(f"{level}_effect", raw / scale_ref, dims=dim)
-    centred = (raw - group_mean[group]) / scale_ref
-    return loading, effect, centred
-
+    nested = n_groups > 1
+    centred_level = prepared.attrs["parameterisation"][level] != "noncentred"
+    model = pm.modelcontext(None)
+    model.add_coord(f"{level}_basis", list(range(int((~is_group_mean).sum()) if nested
+                                                 else group.size)))
+    free = pm.Flat(f"{level}_basis_coef", dims=f"{level}_basis")
+    scale = pm.HalfNormal(f"{level}_scale_ref", spec.prior("level_scale")) if centred_level \
+        else 1.0
+    if nested:
+        # Nested levels (GPUs within node, steps within run): the group means never reach the
+        # likelihood and the parent level carries them, so the effects are zero-sum within
+        # their group (contrast coordinates only). Sampling the group means instead left
+        # prior-only, possibly bimodal coordinates (measured on the PAL tables: divergences
+        # and R-hat 1.016 on them). The population density is applied to the centred effects
+        # with the zero-sum normaliser (one scale factor less per group): exact for a normal
+        # population, the Laplace approximation of integrating the group mean out otherwise.
+        coef = pt.set_subtensor(pt.zeros(group.size)[np.flatnonzero(~is_group_mean)], free)
+        raw = grouped_helmert(coef, group)
+        if centred_level:
+            pm.Potential(f"{level}_zero_sum_normaliser", n_groups * pt.log(scale))
+    else:
+        # One group: its mean is the population location seen only through the prior. Sampled
+        # on the population scale it would form a funnel with the scale (measured: 40-150
+        # leapfrog steps per draw, ESS ~30), so it is sampled standardised, with its Jacobian.
+        raw = grouped_helmert(pt.where(is_group_mean, free * scale, free), group)
+        if centred_level:
+            pm.Potential(f"{level}_group_mean_jacobian", pt.log(scale))
+    pm.Potential(f"{level}_population", population_logp(raw, family, level, scale, spec))
+    centred = raw if nested else raw - pt.mean(raw)
+    if not centred_level:
+        loading = pm.HalfNormal(f"{level}_scale", spec.prior("level_scale"), dims="kernel_class")
+        effect = pm.Deterministic(f"{level}_effect", raw, dims=dim)
+        return loading, effect, centred
+    loading = class_scales(level, scale, prepared)
+    effect = pm.Deterministic(f"{level}_effect", raw / scale, dims=dim)
+    return loading, effect, centred / scale
 
 def class_scales(name: str, scale_ref, prepared):
     """Per-class scales ``{name}_scale`` = ``scale_ref`` × loading ratio, ratios centred.

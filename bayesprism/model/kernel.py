@@ -15,15 +15,16 @@ Fitting choices (measured, see the benchmark and tests):
   GPU-steps. The result equals the row likelihood exactly (test_kernel_model).
 * Student-t residual: no sufficient statistics exist, so rows are used and z_(g,s) is sampled.
 * Unit effects (node, gpu, step, cabinet): the likelihood sees them centred within their group
-  (nodes and cabinets globally, GPUs within node, steps within run), so the location direction
-  is prior-only and never forms a ridge with the kernel baselines. A level whose units carry
-  many launches is sampled *centred* (log-scale offsets of the launch-weighted geometric-mean
-  class with population scale ``{level}_scale_ref``, classes by centred loading ratios); a
-  sparse level non-centred
+  (cabinets globally; nodes within cabinet when cabinets are given, else globally; GPUs within
+  node; steps within run), so the location direction is prior-only and never forms a ridge
+  with the kernel baselines. A level whose units carry many launches is sampled *centred*
+  (log-scale offsets of the launch-weighted geometric-mean class with population scale
+  ``{level}_scale_ref``, classes by centred loading ratios); a sparse level non-centred
   (standardised effects, per-class loadings). ``parameterisation = "auto"`` chooses per level.
-* Node and cabinet effects are reported uncentred with ``kernel_log_median`` shifted to match
-  (a_k = free baseline − λ_c·mean(u)), so the population-location uncertainty stays in a_k;
-  GPU and step effects are reported centred within node / run (like a zero-sum effect).
+* A level of one group (nodes without cabinets, cabinets) is reported uncentred with
+  ``kernel_log_median`` shifted to match (a_k = free baseline − λ_c·mean(u)), so the
+  population-location uncertainty stays in a_k; nested levels (GPUs, steps, nodes within
+  cabinets) are zero-sum within their group (``bayesprism.model.effects.unit_level``).
 * Collectives with ``transfer_us``: ring cost model (``bayesprism.collectives``) per
   collective and tier, lognormal noise, per-step congestion integrated out like z_(g,s).
 """
@@ -352,6 +353,10 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
                          "transient GPU×step effects cannot be told from persistent GPU effects")
             continue
         fitted.append(level)
+    if "cabinet" in units and "node" in units:
+        # Nodes nest in cabinets: otherwise a cabinet's effect and the mean of its nodes'
+        # effects form a ridge only the priors split (measured on PAL: divergences, R-hat 1.02).
+        group_of_unit["node"] = cab_codes
 
     param: dict[str, str] = {}
     for level in units:
