@@ -148,7 +148,7 @@ def _compiled_nutpie(model, key: tuple[str, str] | None):
 
 def _sample(model, sampler: str, *, draws: int, tune: int, chains: int, random_seed: int,
             progress: bool, cache_key: tuple[str, str] | None = None,
-            target_accept: float = 0.8) -> xr.DataTree:
+            target_accept: float = 0.8, mass_matrix: str = "diag") -> xr.DataTree:
     import pymc as pm
 
     if sampler == "nutpie":
@@ -157,7 +157,8 @@ def _sample(model, sampler: str, *, draws: int, tune: int, chains: int, random_s
         compiled = _compiled_nutpie(model, cache_key)
         tree = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains,
                              cores=min(chains, 2), seed=random_seed, progress_bar=progress,
-                             target_accept=target_accept)
+                             target_accept=target_accept,
+                             low_rank_modified_mass_matrix=mass_matrix == "low_rank")
         return _add_data_groups(tree, model)
     if sampler == "pymc":
         with model:
@@ -331,7 +332,8 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
     tree = _sample(model, sampler, draws=int(draws), tune=int(tune), chains=int(chains),
                    random_seed=int(random_seed), progress=progress,
                    cache_key=(spec.spec_hash(), digest),
-                   target_accept=float(prepared.attrs.get("target_accept", 0.8)))
+                   target_accept=float(prepared.attrs.get("target_accept", 0.8)),
+                   mass_matrix=str(prepared.attrs.get("mass_matrix", "diag")))
     seconds = time.perf_counter() - start
 
     tree["inventory"] = inventory

@@ -192,10 +192,10 @@ def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
         ``role`` (kernel); ``launches`` (kernel, rank); ``rank_node``, ``rank_gpu`` (rank);
         ``traced_step_time_us`` (step_unit, rank; NaN without ``start_us`` or where the rank ran
         nothing in that step); ``traced_step_span_us`` (step_unit: the step from the first
-        kernel of any rank to the last end, the longest over nodes); ``traced_idle_us`` (step_unit, rank, sync) and ``sync_role``
-        (sync): the rank's host idle time before each synchronisation (:func:`_sync_idle`).
-        attrs ``kind="kernel"``, ``traced_plan`` (JSON), ``run``,
-        ``platform``.
+        kernel of any rank to the last end, the longest over nodes); ``traced_idle_us``
+        (step_unit, rank, sync) and ``sync_role`` (sync): the rank's host idle time before each
+        synchronisation (:func:`_sync_idle`). attrs ``kind="kernel"``, ``traced_plan`` (JSON),
+        ``run``, ``platform``.
     """
     if len(table) == 0:
         raise InputError(Problem("table", "", "the table has no rows"))

@@ -418,34 +418,53 @@ class Cluster:
         return cls(**table, source=f"{path} [cluster]")
 
 
-def plan_from_run(meta: Mapping[str, Any], *, name: str | None = None) -> ParallelPlan:
+def plan_from_run(meta: Mapping[str, Any], *, name: str | None = None,
+                  run: str | None = None) -> ParallelPlan:
     """The layout a logged or traced run used, as a plan.
+
+    The sizes are those of :func:`bayesprism.inventory.run_layout` (what the step model fits):
+    ``dp`` derived from the world size when not recorded, the micro-batch size from the global
+    batch when the launch config did not give it. The plan's ``schedule``, ``sharding``,
+    ``overlap`` and ``ep`` are taken when the run records them (e.g. stated by the user with
+    ``read_traces(..., layout=...)``); more than one virtual stage means
+    ``"interleaved-1f1b"`` unless a schedule is recorded, else ``"1f1b"``.
 
     Parameters
     ----------
     meta
         One run's metadata, ``table.attrs["runs"][run]``: its ``plan`` (dp, tp, pp, cp, ep,
-        microbatches, micro_batch_size, virtual_stages) and ``gpus_per_node``.
+        microbatches, micro_batch_size, virtual_stages, schedule, sharding, overlap),
+        ``world_size``, ``gpus_per_node`` and ``global_batch``.
     name
         Label; defaults to ``"<GPUs> GPUs"``.
+    run
+        The run's label, named in error messages.
 
     Raises
     ------
     PlanError
-        If the run carries no usable layout.
+        If the run carries no usable layout (no dp and no world size, or sizes that are not
+        positive integers or do not multiply to the world size).
     """
-    layout = dict(meta.get("plan") or {})
-    if not layout.get("dp"):
-        raise PlanError(Problem(str(meta.get("system_id", "run")), "plan",
-                                "the run's metadata has no parallel layout (dp missing)"))
-    virtual = int(layout.get("virtual_stages") or 1)
-    values = {key: layout[key] for key in ("dp", "tp", "pp", "cp", "ep", "microbatches")
-              if layout.get(key)}
-    if layout.get("micro_batch_size"):
+    from bayesprism.inventory import run_layout
+
+    label = run or str(meta.get("system_id") or "run")
+    recorded = dict(meta.get("plan") or {})
+    layout, problems = run_layout(label, meta, source="run metadata")
+    # a plan without micro-batches is still a plan (1 per step); the step model asks for them
+    problems = [p for p in problems if not str(p.field).endswith("plan.microbatches")]
+    if problems or not layout.get("dp"):
+        raise PlanError(problems or Problem(label, "plan", "the run's metadata has no parallel "
+                                            "layout (dp and world_size missing)"))
+    values = {key: int(layout[key]) for key in ("dp", "tp", "pp", "cp", "ep", "virtual_stages")}
+    values["microbatches"] = int(layout["microbatches"] or 1)
+    if layout.get("micro_batch_size_known"):
         values["micro_batch_size"] = layout["micro_batch_size"]
-    plan = ParallelPlan(
-        **values, virtual_stages=virtual,
-        schedule="interleaved-1f1b" if virtual > 1 else "1f1b",
-        gpus_per_node=int(meta.get("gpus_per_node") or 8),
-    )
+    for key in ("sharding", "overlap"):
+        if recorded.get(key) is not None:
+            values[key] = recorded[key]
+    schedule = recorded.get("schedule")
+    values["schedule"] = schedule or ("interleaved-1f1b" if values["virtual_stages"] > 1
+                                      else "1f1b")
+    plan = ParallelPlan(**values, gpus_per_node=int(layout["gpus_per_node"]))
     return replace(plan, name=name or f"{plan.gpus} GPUs")

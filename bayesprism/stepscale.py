@@ -169,7 +169,7 @@ def compose_steps(posterior, plan, *, replicates: int = 8,
         if label in configs and "config_log_median" in ds:
             location = _flat(ds, "config_log_median")[:, configs.index(label)]
         else:
-            location = location + p["config_sd"] * rng.standard_normal(n_draws)
+            location = location + _flat(ds, "config_sd") * rng.standard_normal(n_draws)
     run_effect = p["run_sd"] * rng.standard_normal(n_draws)
     noise_sd = np.sqrt((p["rank_sigma"] ** 2 * smax**2 + p["slot_noise"] ** 2) / slots
                        + p["step_noise"] ** 2)

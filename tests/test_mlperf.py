@@ -223,3 +223,74 @@ def test_config_env_follows_sources_and_ignores_conditionals(tmp_path):
         "DGXNNODES": "2",
     }
     assert sources == [str(impl / "common" / "config_common.sh")]
+
+
+def test_user_layout_overrides_with_provenance(shared_data):
+    """NVIDIA's GPT-3 logs and configs do not record the interleaving: the user states it."""
+    from bayesprism.ingest import read_traces
+    from bayesprism.plan import plan_from_run
+
+    folder = shared_data / GPT3 / "eos_n64_ngc23.09_nemo"
+    table = read_traces([folder], progress=False, layout={"virtual_stages": "12", "tp": 8})
+    meta = next(iter(table.attrs["runs"].values()))
+    # tp 8 (user) instead of 4 (config): dp re-derived from 512 GPUs / (8 * 8)
+    assert meta["plan"]["virtual_stages"] == 12 and meta["plan"]["tp"] == 8
+    assert meta["plan"]["dp"] == 8
+    assert meta["layout_sources"]["virtual_stages"] == "user"
+    assert meta["layout_sources"]["tp"] == "user"
+    assert meta["layout_sources"]["pp"] == "config"
+    assert meta["layout_sources"]["microbatches"] == "log"
+    assert "TP: user says 8, config says 4; using 8 (user)" in table.attrs["notes"]
+    plan = plan_from_run(meta)
+    assert (plan.virtual_stages, plan.schedule, plan.dp) == (12, "interleaved-1f1b", 8)
+    plain = read_traces([folder], progress=False)
+    assert "virtual_stages" not in next(iter(plain.attrs["runs"].values()))["plan"]
+
+
+def test_layout_keys_and_values_are_checked():
+    from bayesprism.errors import InputError
+    from bayesprism.ingest.dispatch import check_layout, parse_layout_args
+
+    assert parse_layout_args(["virtual_stages=12", "schedule=zero-bubble", "overlap=0.5"]) == {
+        "virtual_stages": 12, "schedule": "zero-bubble", "overlap": 0.5}
+    with pytest.raises(InputError) as err:
+        parse_layout_args(["virtual=12", "tp=0", "pp", "overlap=2", "tp=1"])
+    assert err.value.lines() == [
+        "--layout: pp: expected KEY=VALUE, e.g. virtual_stages=12",
+        "--layout: tp: is given twice, e.g. 'tp=1'",
+        "--layout: virtual: unknown layout key; allowed: dp, tp, pp, cp, ep, "
+        "microbatches, virtual_stages, micro_batch_size, gpus_per_node, schedule, sharding, "
+        "overlap",
+        "--layout: tp: must be a positive integer, e.g. '0'",
+        "--layout: overlap: must be a number in [0, 1], e.g. '2'",
+    ]
+    with pytest.raises(InputError, match="schedule: must be one of gpipe, 1f1b"):
+        check_layout({"schedule": "2f2b"})
+    with pytest.raises(InputError, match="virtual_stages: must be a positive integer"):
+        check_layout({"virtual_stages": 1.5})
+
+
+def test_layout_applies_to_runs_of_other_formats_and_parquet(tmp_path):
+    """A tidy table's runs get the stated layout too; the CLI rewrites a Parquet table's runs."""
+    from bayesprism.cli.ingest import apply_layout_to_parquet
+    from bayesprism.ingest.dispatch import apply_layout
+    from bayesprism.schema import empty_attrs, read_table, write_table
+
+    notes: list[str] = []
+    meta = apply_layout({"world_size": 64, "plan": {"dp": 64, "tp": 1}},
+                        {"tp": 4, "virtual_stages": 2}, notes)
+    assert meta["plan"] == {"dp": 16, "tp": 4, "virtual_stages": 2,
+                            "schedule": "interleaved-1f1b"}
+    assert meta["layout_sources"] == {"tp": "user", "virtual_stages": "user"}
+    assert notes == ["tp: the run records 1, the user states 4; using 4"]
+    df = pd.DataFrame({"run": ["a"] * 3, "step": [0, 1, 2], "rank": -1, "node": "*", "gpu": -1,
+                       "kernel": "train_step", "kernel_class": "step",
+                       "duration_us": [1.0, 2.0, 3.0]})
+    df = validate_table(df)
+    df.attrs = {**empty_attrs(), "runs": {"a": {"world_size": 8, "plan": {"dp": 8}}}}
+    path = write_table(df, tmp_path / "t.parquet")
+    runs = apply_layout_to_parquet(path, {"pp": 2})
+    back = read_table(path)
+    assert back.attrs["runs"] == runs
+    assert back.attrs["runs"]["a"]["plan"] == {"dp": 4, "pp": 2}
+    assert back["duration_us"].tolist() == [1.0, 2.0, 3.0]

@@ -129,3 +129,25 @@ def test_cluster_validation():
         "cluster: tiers: unknown tier; allowed: intra, inter, e.g. 'rack'",
         "cluster: tiers.inter: unknown key; allowed: latency_us, bandwidth_gbps, e.g. 'speed'",
     ]
+
+
+def test_plan_from_run_uses_the_fitted_layout():
+    """dp from the world size, micro-batch size from the global batch, recorded schedule kept."""
+    from bayesprism.plan import plan_from_run
+
+    meta = {"world_size": 64, "gpus_per_node": 4, "global_batch": 256,
+            "plan": {"tp": 2, "pp": 4, "microbatches": 16, "virtual_stages": 2}}
+    plan = plan_from_run(meta)
+    assert (plan.dp, plan.tp, plan.pp, plan.microbatches) == (8, 2, 4, 16)
+    assert plan.micro_batch_size == 256 / (8 * 16)
+    assert (plan.schedule, plan.virtual_stages, plan.gpus_per_node) == (
+        "interleaved-1f1b", 2, 4)
+    assert plan.name == "64 GPUs"
+    kept = plan_from_run({**meta, "plan": {**meta["plan"], "virtual_stages": 1,
+                                           "schedule": "zero-bubble", "overlap": 0.5}},
+                         name="x")
+    assert (kept.schedule, kept.overlap, kept.name) == ("zero-bubble", 0.5, "x")
+    with pytest.raises(PlanError, match=r"attrs.runs\[.r1.\].world_size: is missing"):
+        plan_from_run({"plan": {"tp": 2}}, run="r1")
+    with pytest.raises(PlanError, match=r"dp\*tp\*pp\*cp = 32 differs from world_size 64"):
+        plan_from_run({"world_size": 64, "plan": {"dp": 4, "tp": 2, "pp": 4}}, run="r1")

@@ -13,9 +13,11 @@ pytestmark = pytest.mark.slow
 
 
 def _fit_converges(tables, spec, draws=1000):
+    # Four chains: split R-hat from two chains, maximised over hundreds of parameters, exceeds
+    # 1.01 by chance on well-mixed fits (measured on DLRM: 1.011 with bulk ESS 3,192).
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        posterior = bp.fit(tables, spec, draws=draws, tune=draws, chains=2, random_seed=11,
+        posterior = bp.fit(tables, spec, draws=draws, tune=draws, chains=4, random_seed=11,
                            progress=False)
     summary = convergence_summary(posterior)
     assert summary["divergences"] == 0, summary
@@ -38,4 +40,17 @@ def test_pal_per_gpu_benchmark_fits_and_converges(package_data):
 
 def test_mlperf_gpt3_ladder_fits_and_converges(package_data):
     table = bp.read_traces([package_data / "mlperf"], progress=False)
-    _fit_converges(table, "step")
+    posterior = _fit_converges(table, "step")
+    # well under 2 minutes of sampling (10 s measured; the centred-mixture version took > 400 s)
+    assert posterior.attrs["seconds"] < 120, posterior.attrs["seconds"]
+
+
+def test_mlperf_ladders_with_stated_layout_fit_and_converge(shared_data):
+    """Both full public ladders (GPT-3 with NVIDIA's 12 virtual stages stated, Llama 3.1 8B)."""
+    gpt3 = bp.read_traces([shared_data / "mlperf" / "training_results_v3.1"], progress=False,
+                          layout={"virtual_stages": 12})
+    llama = bp.read_traces([shared_data / "mlperf" / "training_results_v5.1"], progress=False)
+    for table in (gpt3, llama):
+        posterior = _fit_converges(table, "step")
+        assert posterior.attrs["seconds"] < 120, posterior.attrs["seconds"]
+        assert convergence_summary(posterior)["min_ess_bulk"] > 200

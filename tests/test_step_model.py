@@ -223,3 +223,42 @@ def test_step_model_recovers_truth_on_a_full_ladder():
                  "slot_noise", "step_noise", "slow_weight", "slow_shift", "slow_spread"):
         lo, hi = np.quantile(post[name].values, [0.005, 0.995])
         assert lo < TRUTH[name] < hi, (name, lo, hi)
+
+
+def test_mixture_logp_matches_the_two_component_density():
+    """The written-out likelihood equals (1 - w) N(mu, s) + w N(mu + shift, sqrt(s^2 + d^2))."""
+    from scipy import stats
+
+    from bayesprism.model.step import mixture_logp
+
+    y = np.array([-0.02, 0.0, 0.05, 0.3])
+    mu, sigma, w, shift, spread = 0.01, np.array([0.01, 0.02, 0.01, 0.03]), 0.1, 0.2, 0.05
+    expected = np.log((1 - w) * stats.norm.pdf(y, mu, sigma)
+                      + w * stats.norm.pdf(y, mu + shift, np.sqrt(sigma**2 + spread**2)))
+    got = mixture_logp(y, mu, sigma, w, shift, spread).eval()
+    np.testing.assert_allclose(got, expected, rtol=1e-10)
+
+
+def test_marginal_layout_levels_equal_the_joint_normal_density():
+    """Runs of one layout, its level integrated out: N(mu 1, run_sd^2 I + config_sd^2 11')."""
+    import pymc as pm
+    from scipy import stats
+
+    from bayesprism.model.step import _marginal_config_levels
+
+    runs = np.array([0.10, 0.12, 0.09, 0.50, 0.53])
+    config_idx = np.array([0, 0, 0, 1, 1])
+    structural = np.array([0.0, 0.11, 0.0, 0.0, 0.52])  # per run; layouts use runs 1 and 4
+    run_sd, config_sd = 0.02, 0.05
+    d = {"config_idx": config_idx, "config_run": np.array([1, 4])}
+    with pm.Model(coords={"config": ["a", "b"]}) as model:
+        _marginal_config_levels(d, runs, structural, config_sd, run_sd, ref_config=0)
+    got = float(model.compile_fn(model.potentiallogp, inputs=[], on_unused_input="ignore")({}))
+    # layout 1: the whole joint normal (its 2 log(2 pi)/2 constant dropped); the reference
+    # layout (0) only its within-layout part, -(n - 1) log run_sd - SS / (2 run_sd^2): its
+    # between part is carried by reference_z
+    joint1 = stats.multivariate_normal(np.full(2, 0.52), run_sd**2 * np.eye(2)
+                                       + config_sd**2 * np.ones((2, 2))).logpdf(runs[3:])
+    squares0 = np.sum((runs[:3] - runs[:3].mean()) ** 2)
+    within0 = -2 * np.log(run_sd) - squares0 / (2 * run_sd**2)
+    assert got == pytest.approx(joint1 + np.log(2 * np.pi) + within0, abs=1e-9)

@@ -28,7 +28,7 @@ import inspect
 import os
 import warnings
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +48,13 @@ HEAD_BYTES = 64 * 1024
 #: Two files of one run whose first kernels are further apart than this are different jobs.
 MAX_RUN_SPREAD_US = 3600e6
 SKIP_UNRECOGNISED = "file of unrecognised format (found in a directory)"
+#: Layout facts a user may state (``layout=``): parallel sizes and the pipeline schedule go in a
+#: run's ``plan``, ``gpus_per_node`` in the run's metadata.
+LAYOUT_INT_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "microbatches",
+                                    "virtual_stages", "micro_batch_size", "gpus_per_node")
+LAYOUT_KEYS: tuple[str, ...] = (*LAYOUT_INT_KEYS, "schedule", "sharding", "overlap")
+#: provenance label of layout facts stated by the user
+USER = "user"
 
 #: (format name, module, reader function), in the order their ``can_read`` is asked.
 READERS: tuple[tuple[str, str, str], ...] = (
@@ -351,6 +358,8 @@ def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollecto
         except (OSError, UnicodeDecodeError) as exc:
             collector.problems.append(Problem(str(f.path), "", f"cannot be read: {exc}"))
             continue
+        if options.get("layout") and not report.get("layout_applied"):
+            report = _report_with_layout(report, options["layout"], str(f.path))
         if collector.add(f.path, fmt, df, report) and not collector.problems:
             yield df
     if collector.unrecognised:
@@ -363,6 +372,19 @@ def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollecto
             warnings.warn(text, IngestWarning, stacklevel=3)
 
 
+def _report_with_layout(report: dict, layout: dict, source: str) -> dict:
+    """A reader's report with user-stated layout facts applied to each run it describes."""
+    notes: list[str] = []
+    report = dict(report)
+    if report.get("runs"):
+        report["runs"] = {run: apply_layout(meta or {}, layout, notes)
+                          for run, meta in report["runs"].items()}
+    else:
+        report["run_meta"] = apply_layout(report.get("run_meta") or {}, layout, notes)
+    report["notes"] = [*(report.get("notes") or []), *(f"{source}: {n}" for n in notes)]
+    return report
+
+
 def raise_problems(collector: IngestCollector, found_any: bool) -> None:
     if not found_any and not collector.problems:
         collector.problems.append(Problem("inputs", "", "no trace file found"))
@@ -370,8 +392,154 @@ def raise_problems(collector: IngestCollector, found_any: bool) -> None:
         raise TraceFormatError(collector.problems)
 
 
-def reader_options(gpus_per_node, rank_to_node, column_map) -> dict:
+def _layout_value(key: str, value, source: str) -> tuple[object, Problem | None]:
+    """One layout value converted and checked; (value, None) or (None, problem)."""
+    from bayesprism.plan import SCHEDULES, SHARDINGS
+
+    if key in LAYOUT_INT_KEYS:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = float("nan")
+        if isinstance(value, bool) or not number >= 1 or number != int(number):
+            return None, Problem(source, key, "must be a positive integer", example=value)
+        return int(number), None
+    if key == "overlap":
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = float("nan")
+        if isinstance(value, bool) or not 0.0 <= number <= 1.0:
+            return None, Problem(source, key, "must be a number in [0, 1]", example=value)
+        return number, None
+    allowed = SCHEDULES if key == "schedule" else SHARDINGS
+    if str(value) not in allowed:
+        return None, Problem(source, key, f"must be one of {', '.join(allowed)}", example=value)
+    return str(value), None
+
+
+def check_layout(layout, source: str = "layout") -> dict:
+    """Validated layout facts stated by a user (``read_traces(..., layout=...)``).
+
+    Parameters
+    ----------
+    layout
+        Mapping of :data:`LAYOUT_KEYS` to values, e.g. ``{"virtual_stages": 12}``; integer keys
+        accept integer-valued strings (as the CLI passes them). ``None`` gives ``{}``.
+    source
+        Where the layout came from, named in error messages (e.g. ``"--layout"``).
+
+    Returns
+    -------
+    dict
+        The converted values (ints for sizes, float for ``overlap``, str otherwise).
+
+    Raises
+    ------
+    InputError
+        One line per unknown key or bad value, all at once.
+    """
+    if layout is None:
+        return {}
+    if not isinstance(layout, Mapping):
+        raise InputError(Problem(source, "layout", "must be a mapping of layout keys to values",
+                                 example=layout))
+    checked: dict = {}
+    problems: list[Problem] = []
+    for key, value in layout.items():
+        if key not in LAYOUT_KEYS:
+            problems.append(Problem(source, str(key), "unknown layout key; allowed: "
+                                    + ", ".join(LAYOUT_KEYS)))
+            continue
+        checked[key], problem = _layout_value(key, value, source)
+        if problem is not None:
+            problems.append(problem)
+    if problems:
+        raise InputError(problems)
+    return checked
+
+
+def parse_layout_args(items: Iterable[str] | None, source: str = "--layout") -> dict:
+    """``["virtual_stages=12", "schedule=interleaved-1f1b"]`` → checked layout facts.
+
+    Raises
+    ------
+    InputError
+        An item without ``=``, a key given twice, an unknown key or a bad value.
+    """
+    raw: dict[str, str] = {}
+    problems: list[Problem] = []
+    for item in items or []:
+        key, sep, value = str(item).partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            problems.append(Problem(source, str(item), "expected KEY=VALUE, e.g. "
+                                    "virtual_stages=12"))
+        elif key in raw:
+            problems.append(Problem(source, key, "is given twice", example=item))
+        else:
+            raw[key] = value
+    try:
+        checked = check_layout(raw, source)
+    except InputError as exc:
+        problems.extend(exc.problems)
+    if problems:
+        raise InputError(problems)
+    return checked
+
+
+def apply_layout(meta: Mapping, layout: Mapping, note: list[str] | None = None) -> dict:
+    """A run's metadata with stated layout facts set (provenance ``"user"``).
+
+    Plan keys go in ``meta["plan"]``, ``gpus_per_node`` in ``meta`` itself; each key is recorded
+    in ``meta["layout_sources"]``. When tp, pp or cp change and dp was not stated, dp is
+    re-derived from the world size. A stated value that differs from a recorded one wins and is
+    described in ``note`` (when given).
+
+    Parameters
+    ----------
+    meta
+        One run's ``attrs["runs"][run]`` (not modified).
+    layout
+        Checked layout facts (:func:`check_layout`).
+    note
+        List that receives one text per overridden value.
+
+    Returns
+    -------
+    dict
+        A new metadata dict.
+    """
+    out = dict(meta)
+    plan = dict(out.get("plan") or {})
+    sources = dict(out.get("layout_sources") or {})
+    for key, value in layout.items():
+        target = out if key == "gpus_per_node" else plan
+        old = target.get(key)
+        if note is not None and old is not None and old != value:
+            note.append(f"{key}: the run records {old}, the user states {value}; using {value}")
+        target[key] = value
+        sources[key] = USER
+    if key_changed := {"tp", "pp", "cp"} & set(layout):
+        world = out.get("world_size")
+        model_parallel = (int(plan.get("tp") or 1) * int(plan.get("pp") or 1)
+                          * int(plan.get("cp") or 1))
+        if "dp" not in layout and world and int(world) % model_parallel == 0:
+            plan["dp"] = int(world) // model_parallel
+        elif "dp" not in layout and world and note is not None:
+            note.append(f"{world} GPUs are not divisible by the stated "
+                        f"{'·'.join(sorted(key_changed))} layout (tp·pp·cp = {model_parallel})")
+    if "virtual_stages" in layout and layout["virtual_stages"] > 1 and "schedule" not in layout:
+        plan["schedule"] = "interleaved-1f1b"
+    out["plan"] = plan
+    out["layout_sources"] = sources
+    return out
+
+
+def reader_options(gpus_per_node, rank_to_node, column_map, layout=None) -> dict:
     options: dict = {}
+    if layout:
+        options["layout"] = dict(layout)
     if gpus_per_node is not None:
         options["gpus_per_node"] = int(gpus_per_node)
     if rank_to_node is not None:
@@ -404,7 +572,8 @@ def collective_mask(df: pd.DataFrame) -> np.ndarray:
 
 
 def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict | None = None,
-                column_map: dict | None = None, progress: bool = True) -> pd.DataFrame:
+                column_map: dict | None = None, layout: Mapping | None = None,
+                progress: bool = True) -> pd.DataFrame:
     """Read trace files into one validated trace table.
 
     Parameters
@@ -418,6 +587,11 @@ def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict |
         Mapping global rank → node name (overrides host names in traces).
     column_map
         Passed to the tabular reader: ``{column in file: schema column}``.
+    layout
+        Layout facts the files do not record, applied to every run read, e.g.
+        ``{"virtual_stages": 12}`` (keys: :data:`LAYOUT_KEYS`). They override what the files
+        say (noted in ``attrs["notes"]``) and are recorded with provenance ``"user"`` in
+        ``attrs["runs"][run]["layout_sources"]``.
     progress
         Show a progress bar over files.
 
@@ -433,10 +607,12 @@ def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict |
     ------
     TraceFormatError
         Listing every problem in every file (one line each).
+    InputError
+        A bad ``layout`` (unknown key or value).
     """
     files, problems = expand_paths(paths)
     collector = IngestCollector(problems=list(problems))
-    options = reader_options(gpus_per_node, rank_to_node, column_map)
+    options = reader_options(gpus_per_node, rank_to_node, column_map, check_layout(layout))
     frames = list(iter_frames(files, options, collector, progress))
     raise_problems(collector, bool(frames))
     columns = [c for c in ALL_COLUMNS if any(c in f.columns for f in frames)]

@@ -28,6 +28,13 @@ Choices worth knowing:
   DP = GPUs / (TP × PP × CP); micro-batches per DP rank per step are the logged
   ``gradient_accumulation_steps`` (else global batch / (DP × micro-batch size)); a numeric
   ``INTERLEAVED_PIPELINE`` becomes ``plan["virtual_stages"]``.
+* Layout facts the files do not record can be stated with ``layout=`` (checked by
+  :func:`bayesprism.ingest.dispatch.check_layout`), e.g. ``{"virtual_stages": 12}`` for
+  NVIDIA's GPT-3 v3.1 runs, whose interleaving is set in the implementation's
+  ``conf/custom.yaml``, not in the log or ``config_*.sh``. Stated values have the highest
+  priority (above the log) before dp and micro-batches are derived; disagreements are noted.
+  ``run_meta["layout_sources"]`` names where each layout value came from: ``"user"``,
+  ``"log"``, ``"config"``, ``"config file name"``, ``"system JSON"`` or ``"derived"``.
 """
 
 from __future__ import annotations
@@ -77,7 +84,8 @@ def read_mlperf(path: Path, **options) -> tuple[pd.DataFrame, dict]:
     path
         ``result_<n>.txt`` or ``result_<n>.txt.gz``.
     **options
-        ``run``: override the run name.
+        ``run``: override the run name; ``layout``: checked layout facts stated by the user
+        (see the module docstring).
 
     Returns
     -------
@@ -139,7 +147,7 @@ def read_mlperf(path: Path, **options) -> tuple[pd.DataFrame, dict]:
     if n_lines == 0:
         raise TraceFormatError(Problem(str(path), MARKER, "no :::MLLOG lines in the file"))
 
-    meta_run = _run_metadata(path, hyper, notes)
+    meta_run = _run_metadata(path, hyper, notes, options.get("layout") or {})
     run = options.get("run") or _run_name(path, hyper)
     if steps:
         logged = np.array([s for s, _ in steps])
@@ -190,7 +198,8 @@ def read_mlperf(path: Path, **options) -> tuple[pd.DataFrame, dict]:
         }
     )
     meta_run.update({"timing_key": timing_key, "status": status, "timed_steps": n})
-    return df, {"run": run, "skipped": skipped, "notes": notes, "run_meta": meta_run}
+    return df, {"run": run, "skipped": skipped, "notes": notes, "run_meta": meta_run,
+                "layout_applied": True}
 
 
 # --------------------------------------------------------------------------- file access
@@ -262,7 +271,8 @@ def _run_name(path: Path, hyper: dict) -> str:
 # --------------------------------------------------------------------------- run metadata
 
 
-def _run_metadata(path: Path, hyper: dict, notes: list[str]) -> dict:
+def _run_metadata(path: Path, hyper: dict, notes: list[str], stated: dict | None = None) -> dict:
+    stated = dict(stated or {})
     layout = _layout(path)
     sources = [str(path)]
     system: dict = {}
@@ -290,11 +300,17 @@ def _run_metadata(path: Path, hyper: dict, notes: list[str]) -> dict:
             config_env = _read_config_env(config, sources)
             sources.insert(1, str(config))
 
-    def pick(name: str, *candidates):
+    provenance: dict[str, str] = {}
+
+    def pick(name: str, key: str | None, *candidates):
+        if key is not None:
+            candidates = (("user", stated.get(key)), *candidates)
         values = [(label, v) for label, v in candidates if v is not None]
         if not values:
             return None
         label, chosen = values[0]
+        if key is not None:
+            provenance[key] = label
         for other_label, other in values[1:]:
             if other != chosen:
                 notes.append(
@@ -304,51 +320,60 @@ def _run_metadata(path: Path, hyper: dict, notes: list[str]) -> dict:
         return chosen
 
     nodes = pick(
-        "nodes",
+        "nodes", None,
         ("log", logged_nodes),
         ("system JSON", nodes),
         ("config", _as_int(config_env.get("DGXNNODES"))),
         ("config file name", config_name.get("nodes")),
     )
     gpus_per_node = pick(
-        "gpus per node",
+        "gpus per node", "gpus_per_node",
         ("system JSON", _as_int(system.get("accelerators_per_node"))),
         ("config", _as_int(config_env.get("DGXNGPU"))),
         ("config file name", config_name.get("gpus")),
     )
     tp = pick(
-        "TP",
+        "TP", "tp",
         ("config", _as_int(config_env.get("TENSOR_MODEL_PARALLEL"))),
         ("config file name", config_name.get("tp")),
     )
     pp = pick(
-        "PP",
+        "PP", "pp",
         ("config", _as_int(config_env.get("PIPELINE_MODEL_PARALLEL"))),
         ("config file name", config_name.get("pp")),
     )
     cp = pick(
-        "CP",
+        "CP", "cp",
         ("config", _as_int(config_env.get("CONTEXT_PARALLEL"))),
         ("config file name", config_name.get("cp")),
     )
-    mbs = _as_int(config_env.get("MICRO_BATCH_SIZE"))
+    mbs = pick("micro-batch size", "micro_batch_size",
+               ("config", _as_int(config_env.get("MICRO_BATCH_SIZE"))))
     for label, value in (("TP", tp), ("PP", pp), ("CP", cp)):
         if value is None:
             notes.append(f"{label} is not set by the launch config; {label} = 1")
     tp, pp, cp = tp or 1, pp or 1, cp or 1
     world = nodes * gpus_per_node if nodes and gpus_per_node else None
     dp = world // (tp * pp * cp) if world and world % (tp * pp * cp) == 0 else None
+    if "dp" in stated:
+        if dp is not None and dp != stated["dp"]:
+            notes.append(f"dp: {world} GPUs / (TP·PP·CP) gives {dp}, user says "
+                         f"{stated['dp']}; using {stated['dp']} (user)")
+        dp = stated["dp"]
+    provenance["dp"] = "user" if "dp" in stated else "derived"
     if world and dp is None:
         notes.append(f"{path}: {world} GPUs are not divisible by TP·PP·CP = {tp * pp * cp}")
     minibs = _as_int(config_env.get("MINIBS")) or config_name.get("minibs")
     global_batch = pick(
-        "global batch",
+        "global batch", None,
         ("log", _as_int(hyper.get("global_batch_size"))),
         ("config MINIBS × DP", minibs * dp if minibs and dp else None),
     )
-    accumulation = _as_int(hyper.get("gradient_accumulation_steps"))
+    logged_accumulation = _as_int(hyper.get("gradient_accumulation_steps"))
+    accumulation = pick("micro-batches", "microbatches", ("log", logged_accumulation))
     if accumulation is None and global_batch and dp and mbs:
         accumulation = global_batch // (dp * mbs) or None
+        provenance["microbatches"] = "derived"
     meta = {
         "platform": system.get("accelerator_model_name") or hyper.get("submission_platform"),
         "system": system.get("system_name") or system_id,
@@ -375,9 +400,21 @@ def _run_metadata(path: Path, hyper: dict, notes: list[str]) -> dict:
         },
         "source_files": sources,
     }
-    virtual = _as_int(config_env.get("INTERLEAVED_PIPELINE"))
-    if virtual and virtual > 1 and pp > 1:
+    virtual = pick("virtual stages", "virtual_stages",
+                   ("config", _as_int(config_env.get("INTERLEAVED_PIPELINE"))))
+    if virtual and ((virtual > 1 and pp > 1) or provenance.get("virtual_stages") == "user"):
         meta["plan"]["virtual_stages"] = virtual
+        if virtual > 1:
+            meta["plan"]["schedule"] = "interleaved-1f1b"
+    if stated.get("ep"):
+        meta["plan"]["ep"] = stated["ep"]
+    for key in ("schedule", "sharding", "overlap"):
+        if key in stated:
+            meta["plan"][key] = stated[key]
+    provenance.update(dict.fromkeys(stated.keys() & {"ep", "schedule", "sharding", "overlap"},
+                                    "user"))
+    meta["layout_sources"] = {k: v for k, v in provenance.items()
+                              if k in ("gpus_per_node", "virtual_stages") or k in meta["plan"]}
     if system:
         other = system.get("other_software_stack") or {}
         meta.update(

@@ -541,12 +541,15 @@ def _kernel_baselines(kernel_mean: np.ndarray, cls: np.ndarray, n_classes: int, 
     dev = a_free - loc
     var = class_sd**2
     sum_dev = segment_sum(dev, cls, n_classes)
-    sum_sq = segment_sum(dev**2, cls, n_classes)
+    # within-class sum of squares and the class mean's term, each finite as var -> 0 (the
+    # textbook sum_sq/var - tau2*sum_dev²/(var*denom) cancels catastrophically there, and a
+    # chain that wandered to a tiny class sd got NaN gradients and a step size of 1e-17)
+    within = segment_sum((dev - (sum_dev / count)[cls]) ** 2, cls, n_classes)
     denom = var + count * tau2
     logp = pt.sum(
         -0.5 * count * np.log(2.0 * np.pi)
         - 0.5 * ((count - 1.0) * pt.log(var) + pt.log(denom))
-        - 0.5 * (sum_sq / var - tau2 * sum_dev**2 / (var * denom))
+        - 0.5 * (within / var + sum_dev**2 / (count * denom))
     )
     pm.Potential("kernel_class_prior", logp)
     return a_free

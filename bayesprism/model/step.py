@@ -15,7 +15,8 @@ all-reduce group of p = dp * cp ranks and R = world-size ranks:
     comm_r   = exp(mb_log_median) * (comm_latency * 2 (p - 1)
                                      + comm_tier * 2 (p - 1) / p * B_r)  (ring all-reduce)
     log median_r = log(slots_r * c_r * strag_r + comm_r)
-    run_log_median_r ~ Normal(log median_r [+ config level], run_sd)
+    config_k ~ Normal(log median_k, config_sd)          (per layout k; integrated out)
+    run_log_median_r ~ Normal(config_k(r), run_sd)
     log y_rs ~ (1 - slow_weight) Normal(run_log_median_r, noise_r)
                + slow_weight Normal(run_log_median_r + slow_shift, sqrt(noise_r^2 + slow_spread^2))
     noise_r  = sqrt((rank_sigma^2 * SD[max of R]^2 + slot_noise^2) / slots_r + step_noise^2)
@@ -31,15 +32,20 @@ Pipeline bubble: the schedule fixes it at (pp - 1) / v idle slots (interleaved 1
 virtual stages; plain 1F1B when v = 1); ``bubble_efficiency`` ~ LogNormal(0, 0.25) only allows
 for imperfect overlap around that theoretical value, so a ladder whose runs all share one
 micro-batch count (MLPerf GPT-3 at 512 and 768 GPUs) still gets a bubble of the right size
-*provided the logged layout has the right v* (``plan.virtual_stages``; 1 when not logged).
+*provided the layout has the right v* (``plan.virtual_stages``; 1 when not logged: state it
+with ``read_traces(..., layout={"virtual_stages": v})`` when the logs lack it).
 
 Exposed data-parallel communication is a ring all-reduce of the gradients
-(:mod:`bayesprism.collectives`): ``comm_latency`` per ring step (2 (p - 1) steps; prior
-Gamma(2, 4e4), mean 5e-5 reference slots, a few µs on the MLPerf ladders) plus a bandwidth
-term 2 (p - 1) / p times the relative gradient bytes per rank
-``B_r = (tp * pp)_ref / (tp * pp)``, at ``comm_intra`` (Gamma(2, 20)) while the group stays in
-one node (``tp * cp * dp <= gpus_per_node``, Megatron rank order) and ``comm_inter``
-(Gamma(2, 5)) once it leaves it. All three are in reference slots (multiples of
+(:mod:`bayesprism.collectives`): ``comm_latency`` per ring step (2 (p - 1) steps) plus a
+bandwidth term 2 (p - 1) / p times the relative gradient bytes per rank
+``B_r = (tp * pp)_ref / (tp * pp)``, at ``comm_intra`` while the group stays in one node
+(``tp * cp * dp <= gpus_per_node``, Megatron rank order) and ``comm_inter`` once it leaves it.
+Priors are log-wide (:data:`COMM_PRIORS`: LogNormal with sigma 1.2 around 5e-5, 0.05 and 0.5
+slots): the ratio of gradient-reduction time to one micro-batch's compute has no scale common
+to workloads. When every fitted run has the same micro-batch count (GPT-3 at 512 and 768
+GPUs: 128) the per-step cost and the per-micro-batch cost cannot be separated; the forecast at
+8 or 16 micro-batches then carries that prior width instead of a split fixed by a narrow
+prior. All three are in reference slots (multiples of
 ``exp(mb_log_median)``). The bandwidth part saturates in p and jumps once when the group leaves
 the node, instead of growing per doubling of dp.
 
@@ -48,32 +54,50 @@ micro-batch slot waits for the slowest of the R ranks, which shifts its log time
 ``rank_sigma`` times the expected maximum of R standard normals and spreads it by
 ``rank_sigma`` times that maximum's standard deviation (both exact, by quadrature:
 :func:`max_normal_moments`). Averaging over the ``slots_r`` slots of a step divides the slot
-variance by ``slots_r``; ``step_noise`` is the part that does not average out (sampled as
-``noise_scale`` and ``slot_share``).
+variance by ``slots_r``; ``step_noise`` is the part that does not average out. Sampled as
+``noise_scale`` (the step-noise sd at the reference configuration, which its steps pin) and
+two shares of its variance: ``rank_share`` ~ Beta(0.5, 1) (rank part; ``rank_sigma`` follows
+and is uniform below the bound the measured noise sets) and ``slot_share`` ~ Beta(2, 2)
+(per-slot vs per-step). These are the identified coordinates: sampling ``rank_sigma`` and an
+unanchored noise scale gave a corner and a banana (ESS ~120-200).
 
 Step-to-step noise is a two-component lognormal mixture, marginalised (no discrete latent): a
-core component and a rare slow one (``slow_weight`` ~ Beta(1, 20), ``slow_shift`` ~ Gamma(2, 10)
-> 0 kept away from 0 so the components cannot swap, ``slow_spread`` ~ HalfNormal(0.1)). Unlike
-exp of a Student-t, its mean is finite, so forecast means and training-time sums are stable.
+core component and a rare slow one (``slow_weight = slow_fraction / 2``, ``slow_fraction`` ~
+Beta(1, 10), so the core is the majority; ``slow_shift`` ~ Gamma(2, 10) > 0 kept away from 0 so
+the components cannot swap, ``slow_spread`` ~ HalfNormal(0.1)). Unlike exp of a Student-t, its
+mean is finite, so forecast means and training-time sums are stable. The likelihood is written
+out (:func:`mixture_logp`), ~2x cheaper gradients than ``pymc.NormalMixture``.
 
-Run levels are centred on the run's own log median (the data pin each run's level tightly, so
-the structural parameters only enter that level's prior). ``run_sd`` is the run-to-run spread;
-it also absorbs whatever the structural formula misses at a measured scale, which keeps the
-forecast at a new scale honest. Option ``[step] config_effects = true`` adds a level per layout
-(``config_log_median``, ``config_sd``) between the structure and the runs.
+Levels: each layout (configuration) k has a level ``config_k`` ~ Normal(structural median,
+``config_sd``), ``config_sd`` ~ Gamma(2, 40) (mean 0.05, boundary-avoiding: a structural
+formula never fits a new layout exactly; with 2-3 measured layouts a prior with mass at 0 made
+forecasts as if it did), and runs scatter around it with ``run_sd`` (HalfNormal(0.02)). A
+forecast at a new layout draws a new ``config_k``: how far the formula is off at a new scale is
+part of the predictive spread. Sampler coordinates (``bayesprism.inference.fit`` starts chains
+at jittered prior support points): run levels are centred but anchored at each run's observed
+median and scaled by its standard error (``run_offset``, a flat variable plus the prior as a
+potential), the layout levels are integrated out exactly (:func:`_marginal_config_levels`) and
+drawn afterwards from their conditional (``config_z``), and the reference structural median
+hangs off the reference runs' mean non-centred (``reference_z``). Option ``[step]
+config_effects = false`` drops the layout level (runs scatter around the structure with
+``run_sd``; ``run_parameterisation`` then picks centred/non-centred runs).
 
 Posterior variables: ``reference_log_median``, ``mb_log_median``, ``work_exponent``,
-``bubble_efficiency``, ``rank_sigma``, ``comm_latency``, ``comm_intra``, ``comm_inter``,
-``noise_scale``, ``slot_share``, ``slot_noise``, ``step_noise``, ``slow_weight``,
-``slow_shift``, ``slow_spread``, ``run_sd``, ``run_log_median`` (run) and the deterministic
-``run_effect`` and ``run_median_s`` (run). ``posterior.attrs``: ``model_kind="step"``,
-``time_unit="s"``, ``reference_work``, ``reference_tp_pp``, ``reference_config``,
-``run_population="normal"``, ``warmup_steps`` and ``run_layouts`` (JSON).
+``bubble_efficiency``, ``rank_share``, ``rank_sigma``, ``comm_latency``, ``comm_intra``,
+``comm_inter``, ``noise_scale``, ``slot_share``, ``slot_noise``, ``step_noise``,
+``slow_fraction``, ``slow_weight``, ``slow_shift``, ``slow_spread``, ``config_sd``,
+``config_log_median`` (config), ``run_sd``, ``run_log_median`` (run) and the deterministic
+``run_effect`` and ``run_median_s`` (run); sampler coordinates ``reference_z`` /
+``reference_offset``, ``config_z``, ``run_offset`` / ``run_z``. ``posterior.attrs``:
+``model_kind="step"``, ``time_unit="s"``, ``reference_work``, ``reference_tp_pp``,
+``reference_config``, ``run_population="normal"``, ``warmup_steps`` and ``run_layouts`` (JSON).
 The first timed step of every run is dropped as warm-up (``summary["skipped"]``).
 Options (``ModelSpec.step``): ``warmup_steps`` (1), ``noise`` (``"mixture"`` or ``"normal"``),
-``config_effects`` (false), ``target_accept`` (0.95, NUTS), ``run_parameterisation``
-(``"auto"``: centred run levels when each run's median is pinned much tighter than runs
-differ, else non-centred; or ``"centred"``, ``"noncentred"``).
+``config_effects`` (true), ``target_accept`` (0.95, NUTS), ``mass_matrix`` (``"diag"``, or
+``"low_rank"``: nutpie's low-rank modified mass matrix), ``run_parameterisation``
+(``"auto"``: centred with layout levels; without them centred run levels when each run's
+median is pinned much tighter than runs differ, else non-centred; or ``"centred"``,
+``"noncentred"``).
 """
 
 from __future__ import annotations
@@ -93,6 +117,16 @@ MIN_STEPS_PER_RUN = 3
 #: within a configuration) is below this.
 CENTRED_BELOW = 0.45
 WARMUP_STEPS = 1
+#: LogNormal (mu, sigma) of the ring all-reduce costs in reference slots. Inter-node: gradient
+#: bytes per rank over the link bandwidth against one micro-batch's compute is
+#: FLOPS * 2 B / (6 * tokens per micro-batch * BW), about 0.2-2 slots for bf16 gradients,
+#: 2k-16k tokens and 25-50 GB/s per GPU on current GPUs; sigma 1.2 spans 0.05-5 (95 %).
+#: Intra-node links are ~10x faster; a ring step costs a few µs against a ~0.1 s slot.
+COMM_PRIORS: dict[str, tuple[float, float]] = {
+    "comm_latency": (float(np.log(5e-5)), 1.2),
+    "comm_intra": (float(np.log(0.05)), 1.2),
+    "comm_inter": (float(np.log(0.5)), 1.2),
+}
 
 
 def _option(spec, name: str, default):
@@ -237,9 +271,13 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
     run_median = by_run.median()
     prior_center = float(np.median(run_median[reference_runs].to_numpy()))
     parameterisation = str(_option(spec, "run_parameterisation", "auto"))
-    auto, se_ratio = _run_parameterisation(by_run, run_median, runs, config_keys)
+    run_se = _run_median_se(by_run, runs)
+    auto, se_ratio = _run_parameterisation(run_se, run_median, runs, config_keys)
     if parameterisation == "auto":
-        parameterisation = auto
+        # with configuration levels integrated out the centred run levels mix on both
+        # ladders (the full GPT-3 ladder, ratio 0.50: R-hat 1.006, ESS 830 in 10 s; the
+        # non-centred variant did not finish in 10 minutes)
+        parameterisation = "centred" if _option(spec, "config_effects", True) else auto
 
     data = {
         "run_idx": rows["run"].map(run_index).to_numpy(dtype=np.int64),
@@ -261,6 +299,14 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
         "max_rank_mean": emax.astype(float),
         "max_rank_sd": smax.astype(float),
         "prior_center": np.asarray(prior_center),
+        # each run's observed median log step time and its standard error: the sampler's
+        # coordinates for the run levels (see build_step)
+        "run_center": run_median.reindex(runs).to_numpy(dtype=float),
+        **_config_anchor(run_median.reindex(runs).to_numpy(dtype=float), run_se,
+                         [configs.index(k) for k in config_keys], len(configs)),
+        "run_scale": np.maximum(run_se, 1e-6),
+        "reference_scale": np.asarray(max(float(np.std(run_median[reference_runs].to_numpy())),
+                                          float(np.median(run_se)), 1e-4)),
         "reference_run": np.asarray(runs.index(reference_runs[0]), dtype=np.int64),
     }
     unknown_mbs = [r for r in runs if not layouts[r]["micro_batch_size_known"]]
@@ -285,6 +331,7 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
         "run_se_to_spread": se_ratio,
         # the scale terms leave curved ridges (bubble vs. exposed communication): smaller steps
         "target_accept": float(_option(spec, "target_accept", 0.95)),
+        "mass_matrix": str(_option(spec, "mass_matrix", "diag")),
         "run_population": "normal",
         "warmup_steps": warmup,
         "run_layouts": _layouts_json(layout_frame),
@@ -293,19 +340,32 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
     return PreparedData(coords=coords, data=data, attrs=attrs, summary=summary)
 
 
-def _run_parameterisation(by_run, run_median: pd.Series, runs: list[str],
+def _config_anchor(run_median: np.ndarray, run_se: np.ndarray, config_idx: list[int],
+                   n_configs: int) -> dict[str, np.ndarray]:
+    """Sampler coordinates of the configuration levels: mean run median and its spread."""
+    idx = np.asarray(config_idx)
+    center = np.array([run_median[idx == k].mean() for k in range(n_configs)])
+    scale = np.array([max(run_median[idx == k].std() / np.sqrt((idx == k).sum()),
+                          float(np.median(run_se)), 1e-4) for k in range(n_configs)])
+    return {"config_center": center, "config_scale": scale}
+
+
+def _run_median_se(by_run, runs: list[str]) -> np.ndarray:
+    """Robust standard error of each run's median log step time: 1.2533 * 1.4826 * MAD / sqrt(n)."""
+    mad = by_run.apply(lambda v: float(np.median(np.abs(v - np.median(v)))))
+    n = by_run.size()
+    return (1.2533 * 1.4826 * mad / np.sqrt(n)).reindex(runs).to_numpy(dtype=float)
+
+
+def _run_parameterisation(se: np.ndarray, run_median: pd.Series, runs: list[str],
                           config_keys: list[tuple]) -> tuple[str, float]:
     """``"centred"`` when the data pin each run's level much tighter than runs differ.
 
-    Compares the median standard error of a run's median log step time (robust:
-    1.2533 * 1.4826 * MAD / sqrt(n)) with the standard deviation of run medians within a
-    configuration; centred when the ratio is below :data:`CENTRED_BELOW` (on the MLPerf
-    ladders it is 0.39 for Llama 3.1 8B, centred, and 0.50 for GPT-3, non-centred: there the
-    centred version diverged and the non-centred Llama fit did not mix).
+    Compares the median standard error of a run's median log step time
+    (:func:`_run_median_se`) with the standard deviation of run medians within a
+    configuration; centred when the ratio is below :data:`CENTRED_BELOW` (0.17 on the GPT-3
+    512/768-GPU runs, 0.39 on Llama 3.1 8B at 8-32 GPUs).
     """
-    mad = by_run.apply(lambda v: float(np.median(np.abs(v - np.median(v)))))
-    n = by_run.size()
-    se = (1.2533 * 1.4826 * mad / np.sqrt(n)).reindex(runs).to_numpy()
     medians = pd.Series(run_median.reindex(runs).to_numpy(), index=pd.Index(config_keys))
     deviations = medians - medians.groupby(level=0).transform("mean")
     sizes = medians.groupby(level=0).transform("size").to_numpy()
@@ -378,6 +438,72 @@ def comm_terms(dp_group, tp, pp, tp_cp_dp, gpus_per_node, reference_tp_pp):
             "inter_bandwidth": bandwidth * inter}
 
 
+def mixture_logp(value, mu, sigma, slow_weight, slow_shift, slow_spread):
+    """Log density of the step-noise mixture (module docstring), elementwise.
+
+    ``(1 - w) Normal(value; mu, sigma) + w Normal(value; mu + shift, sqrt(sigma^2 + spread^2))``
+    written out with ``logaddexp``: the same value as ``pymc.NormalMixture`` with about 2.3x
+    cheaper gradients (no stacked component axis).
+    """
+    import pytensor.tensor as pt
+
+    slow_sigma = pt.sqrt(sigma**2 + slow_spread**2)
+    core_z = (value - mu) / sigma
+    slow_z = (value - mu - slow_shift) / slow_sigma
+    return pt.logaddexp(pt.log1p(-slow_weight) - pt.log(sigma) - 0.5 * core_z**2,
+                        pt.log(slow_weight) - pt.log(slow_sigma) - 0.5 * slow_z**2) \
+        - 0.5 * np.log(2.0 * np.pi)
+
+
+def _anchored_run_levels(d):
+    """Run levels in coordinates anchored at each run's observed median, scaled by its SE.
+
+    An affine map of the centred levels (constant Jacobian; their prior enters as a
+    potential). The sampler's start jitter of +-1 is then +-1 standard error instead of a
+    factor e on the step time, which sent chains into a mode where the slow mixture component
+    held the data (R-hat 1.85).
+    """
+    import pymc as pm
+
+    run_offset = pm.Flat("run_offset", dims="run")
+    return pm.Deterministic("run_log_median", d["run_center"] + d["run_scale"] * run_offset,
+                            dims="run")
+
+
+def _marginal_config_levels(d, run_log_median, structural, config_sd, run_sd, ref_config):
+    """Prior of the run levels with the configuration levels integrated out.
+
+    Runs r of configuration k: ``run_r ~ N(c_k, run_sd)``, ``c_k ~ N(structural_k,
+    config_sd)``; marginally the n_k runs are jointly normal with covariance
+    ``run_sd^2 I + config_sd^2 11'``, whose density needs only their mean and sum of squares.
+    Sampling the c_k next to run_sd gave a funnel (divergences at small run_sd). The levels are
+    then drawn from their exact conditional ``c_k | runs`` (a normal) through a standard
+    normal ``config_z`` that enters no likelihood. The reference configuration's between term
+    is carried by ``reference_z`` instead (non-centred; the Jacobian cancels its
+    ``log(total)``). Returns ``config_log_median`` (config).
+    """
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    k = d["config_idx"]
+    n_configs = len(d["config_run"])
+    counts = np.bincount(k, minlength=n_configs).astype(float)
+    onehot = (k[None, :] == np.arange(n_configs)[:, None]).astype(float)  # config x run
+    mean = pt.dot(onehot, run_log_median) / counts
+    squares = pt.dot(onehot, (run_log_median - mean[k]) ** 2)
+    mu = structural[d["config_run"]]
+    total = run_sd**2 + counts * config_sd**2
+    between = np.arange(n_configs) != ref_config
+    pm.Potential("run_level_prior", pt.sum(
+        -(counts - 1.0) * pt.log(run_sd) - squares / (2.0 * run_sd**2))
+        + pt.sum((-0.5 * pt.log(total) - counts * (mean - mu) ** 2 / (2.0 * total))[between]))
+    precision = counts / run_sd**2 + 1.0 / config_sd**2
+    cond_mean = (counts * mean / run_sd**2 + mu / config_sd**2) / precision
+    config_z = pm.Normal("config_z", 0.0, 1.0, dims="config")
+    return pm.Deterministic("config_log_median", cond_mean + config_z / pt.sqrt(precision),
+                            dims="config")
+
+
 def build_step(prepared, spec):
     """The PyMC model of :mod:`bayesprism.model.step` for prepared step data.
 
@@ -403,8 +529,9 @@ def build_step(prepared, spec):
 
         raise SpecError(Problem("model spec", "step.noise", "must be 'mixture' or 'normal'",
                                 example=noise_family))
-    config_effects = bool(_option(spec, "config_effects", False))
+    config_effects = bool(_option(spec, "config_effects", True))
     run_parameterisation = prepared.attrs.get("run_parameterisation", "centred")
+    ref_config = int(prepared.attrs.get("reference_config", 0))
     with pm.Model(coords=prepared.coords) as model:
         run_idx = pm.Data("run_idx", d["run_idx"], dims="obs")
         config_idx = pm.Data("config_idx", d["config_idx"], dims="run")
@@ -417,41 +544,82 @@ def build_step(prepared, spec):
         intra_bw = pm.Data("intra_bandwidth", d["intra_bandwidth"], dims="run")
         inter_bw = pm.Data("inter_bandwidth", d["inter_bandwidth"], dims="run")
 
-        reference_log_median = pm.Normal("reference_log_median", float(d["prior_center"]),
-                                         0.5)
+        if config_effects:
+            # boundary-avoiding Gamma(2, 40) (mean 0.05, mode 0.025): a structural formula
+            # never fits a new layout exactly, and with 2-3 measured layouts a prior with mass
+            # at 0 gives a funnel and forecasts as if it did
+            config_sd = pm.Gamma("config_sd", 2.0, 40.0)
+        run_sd = pm.HalfNormal("run_sd", 0.02)
+        marginal = config_effects and run_parameterisation != "noncentred"
+        reference_prior = pm.Normal.dist(float(d["prior_center"]), 0.5)
+        if marginal:
+            run_log_median = _anchored_run_levels(d)
+            # non-centred off the reference runs' mean: with the configuration level
+            # integrated out, that mean is N(reference_log_median, run_sd^2/n + config_sd^2)
+            n_ref = float(np.sum(d["config_idx"] == ref_config))
+            ref_mean = run_log_median[d["config_idx"] == ref_config].mean()
+            reference_z = pm.Normal("reference_z", 0.0, 1.0)
+            reference_log_median = pm.Deterministic(
+                "reference_log_median",
+                ref_mean - pt.sqrt(run_sd**2 / n_ref + config_sd**2) * reference_z)
+        else:
+            # anchored at the reference runs' median (sampler jitter of +-1 is one scale unit)
+            reference_offset = pm.Flat("reference_offset")
+            reference_log_median = pm.Deterministic(
+                "reference_log_median",
+                d["prior_center"] + float(d["reference_scale"]) * reference_offset)
+        pm.Potential("reference_prior", pm.logp(reference_prior, reference_log_median))
         work_exponent = pm.Normal("work_exponent", 1.0, 0.25)
         # the schedule fixes the bubble; the efficiency only allows for imperfect overlap
         bubble_efficiency = pm.LogNormal("bubble_efficiency", 0.0, 0.25)
-        rank_sigma = pm.HalfNormal("rank_sigma", 0.1)
-        # ring all-reduce in reference slots: per-step latency and per-tier bandwidth cost
-        comm_latency = pm.Gamma("comm_latency", 2.0, 4.0e4)
-        comm_intra = pm.Gamma("comm_intra", 2.0, 20.0)
-        comm_inter = pm.Gamma("comm_inter", 2.0, 5.0)
+        # ring all-reduce in reference slots: per-step latency and per-tier bandwidth cost.
+        # Log-wide priors: the ratio of gradient-reduction time to one micro-batch's compute
+        # has no scale common to workloads (it falls with the tokens per micro-batch).
+        comm_latency = pm.LogNormal("comm_latency", *COMM_PRIORS["comm_latency"])
+        comm_intra = pm.LogNormal("comm_intra", *COMM_PRIORS["comm_intra"])
+        comm_inter = pm.LogNormal("comm_inter", *COMM_PRIORS["comm_inter"])
+        # noise_scale is the step-noise sd at the reference configuration (what its steps
+        # pin); rank_share and slot_share split its variance into the slowest-rank part, the
+        # per-slot part and the per-step part. rank_sigma follows from its share: the
+        # rank part cannot exceed the measured noise, and sampling rank_sigma directly left a
+        # corner where noise_scale -> 0 (divergences, ESS ~200). Beta(0.5, 1) makes rank_sigma
+        # uniform below that bound; a ladder whose runs share one slot count leaves
+        # slot_share at its prior instead of a banana with noise_scale.
         noise_scale = pm.HalfNormal("noise_scale", 0.1)
+        rank_share = pm.Beta("rank_share", 0.5, 1.0)
         slot_share = pm.Beta("slot_share", 2.0, 2.0)
-        slot_noise = pm.Deterministic("slot_noise", noise_scale * pt.sqrt(slot_share))
-        step_noise = pm.Deterministic("step_noise", noise_scale * pt.sqrt(1.0 - slot_share))
         slots = microbatches + bubble_efficiency * bubble_slots
+        ref = int(d["reference_run"])
+        rank_sigma = pm.Deterministic("rank_sigma", noise_scale * pt.sqrt(
+            rank_share * slots[ref]) / float(d["max_rank_sd"][ref]))
+        other = noise_scale * pt.sqrt(1.0 - rank_share)
+        slot_noise = pm.Deterministic("slot_noise", other * pt.sqrt(slot_share * slots[ref]))
+        step_noise = pm.Deterministic("step_noise", other * pt.sqrt(1.0 - slot_share))
         comm = comm_latency * lat_steps + comm_intra * intra_bw + comm_inter * inter_bw
         shape = slots * pt.exp(work_exponent * log_work + rank_sigma * emax) + comm
-        ref = int(d["reference_run"])
         mb_log_median = pm.Deterministic("mb_log_median",
                                          reference_log_median - pt.log(shape[ref]))
         structural = mb_log_median + pt.log(shape)
-        if config_effects:
-            config_sd = pm.HalfNormal("config_sd", 0.05)
-            config_log_median = pm.Normal("config_log_median", structural[d["config_run"]],
-                                          config_sd, dims="config")
-            location = config_log_median[config_idx]
+        if marginal:
+            location = _marginal_config_levels(d, run_log_median, structural, config_sd,
+                                               run_sd, ref_config)[config_idx]
         else:
-            location = structural
-        run_sd = pm.HalfNormal("run_sd", 0.02)
-        if run_parameterisation == "noncentred":
-            run_z = pm.Normal("run_z", 0.0, 1.0, dims="run")
-            run_log_median = pm.Deterministic("run_log_median", location + run_sd * run_z,
-                                              dims="run")
-        else:
-            run_log_median = pm.Normal("run_log_median", location, run_sd, dims="run")
+            if config_effects:  # fully non-centred configuration and run levels
+                config_z = pm.Normal("config_z", 0.0, 1.0, dims="config")
+                config_log_median = pm.Deterministic(
+                    "config_log_median", structural[d["config_run"]] + config_sd * config_z,
+                    dims="config")
+                location = config_log_median[config_idx]
+            else:
+                location = structural
+            if run_parameterisation == "noncentred":
+                run_z = pm.Normal("run_z", 0.0, 1.0, dims="run")
+                run_log_median = pm.Deterministic("run_log_median",
+                                                  location + run_sd * run_z, dims="run")
+            else:
+                run_log_median = _anchored_run_levels(d)
+                pm.Potential("run_level_prior",
+                             pm.logp(pm.Normal.dist(location, run_sd), run_log_median).sum())
         pm.Deterministic("run_effect", run_log_median - location, dims="run")
         pm.Deterministic("run_median_s", pt.exp(run_log_median), dims="run")
         noise = pt.sqrt((rank_sigma**2 * smax**2 + slot_noise**2) / slots + step_noise**2)
@@ -460,13 +628,13 @@ def build_step(prepared, spec):
         if noise_family == "normal":
             pm.Normal("log_step_time", mu, sigma, observed=d["log_step_time"], dims="obs")
         else:
-            slow_weight = pm.Beta("slow_weight", 1.0, 20.0)
+            # below 1/2, so the core is the majority: otherwise a chain can settle with the
+            # "slow" component holding most steps and the run levels shifted (R-hat 1.85)
+            slow_fraction = pm.Beta("slow_fraction", 1.0, 10.0)
+            slow_weight = pm.Deterministic("slow_weight", 0.5 * slow_fraction)
             # Gamma(2, .) keeps the slow component away from the core (no label switching)
             slow_shift = pm.Gamma("slow_shift", 2.0, 10.0)
             slow_spread = pm.HalfNormal("slow_spread", 0.1)
-            pm.NormalMixture("log_step_time",
-                             w=pt.stack([1.0 - slow_weight, slow_weight]),
-                             mu=pt.stack([mu, mu + slow_shift], axis=-1),
-                             sigma=pt.stack([sigma, pt.sqrt(sigma**2 + slow_spread**2)], axis=-1),
-                             observed=d["log_step_time"], dims="obs")
+            pm.CustomDist("log_step_time", mu, sigma, slow_weight, slow_shift, slow_spread,
+                          logp=mixture_logp, observed=d["log_step_time"], dims="obs")
     return model
