@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import time
 import warnings
 from collections.abc import Sequence
@@ -121,13 +122,17 @@ _COMPILED_MAX = 4
 
 
 def nutpie_backend() -> str:
-    """The backend nutpie compiles with: ``"jax"`` when JAX is installed, else ``"numba"``.
+    """The backend nutpie compiles with: ``"jax"`` when JAX is installed, else ``"numba"``
+    (the environment variable ``BAYESPRISM_NUTPIE_BACKEND=jax|numba`` overrides).
 
     Measured on the 10 M-launch benchmark model (204,800 cells, 648 parameters): JAX compiles
     in ~3 s where numba's LLVM build of nutpie's callback takes 24-106 s (longer on a loaded
     machine), and one log-density + gradient evaluation takes ~5 ms against ~16 ms. Small
     models compile in 2-3 s instead of 10-25 s.
     """
+    chosen = os.environ.get("BAYESPRISM_NUTPIE_BACKEND", "").strip().lower()
+    if chosen in ("jax", "numba"):
+        return chosen
     return "jax" if importlib.util.find_spec("jax") else "numba"
 
 
