@@ -261,24 +261,42 @@ def predict_step_layouts(
     return HeldoutPrediction(groups, unit="step_time_s", skipped={"warm-up steps": warmup})
 
 
-def rank_step_times(table: pd.DataFrame) -> np.ndarray:
-    """Measured step time (s) of every (run, rank, step): the span of the rank's GPU work.
+def rank_step_times(table: pd.DataFrame, others: pd.DataFrame | None = None) -> np.ndarray:
+    """Measured step time (s) of every (run, rank, step) of ``table``.
 
-    span = max(start_us + duration_us) − min(start_us) over the kernels of that rank and step.
+    Without ``others``: the span of the rank's GPU work, max(start_us + duration_us) −
+    min(start_us) over the kernels of that rank and step. With ``others`` (e.g. the fitted
+    ranks of the same trace): from the step's start on the rank's node, the earliest kernel of
+    any rank of that node in either table (ranks of a node share its clock), to the rank's last
+    end; synchronised ranks that start late otherwise show short spans that no step has.
     """
-    if "start_us" not in table.columns or table["start_us"].isna().all():
-        raise InputError(
-            Problem(
-                "validate",
-                "start_us",
-                "rank step times need kernel start times (Kineto traces have them)",
+    def usable(frame: pd.DataFrame) -> pd.DataFrame:
+        if "start_us" not in frame.columns or frame["start_us"].isna().all():
+            raise InputError(
+                Problem(
+                    "validate",
+                    "start_us",
+                    "rank step times need kernel start times (Kineto traces have them)",
+                )
             )
-        )
-    rows = table.loc[table["start_us"].notna() & (table["kernel_class"] != "step")]
+        return frame.loc[frame["start_us"].notna() & (frame["kernel_class"] != "step")]
+
+    rows = usable(table)
     end = rows["start_us"] + rows["duration_us"]
     keys = [rows["run"].astype(str), rows["rank"], rows["step"]]
-    span = end.groupby(keys).max() - rows["start_us"].groupby(keys).min()
-    return span.to_numpy(dtype=float) / 1e6
+    last_end = end.groupby(keys).max()
+    first = rows["start_us"].groupby(keys).min()
+    if others is None:
+        return (last_end - first).to_numpy(dtype=float) / 1e6
+    both = pd.concat([rows[["run", "node", "step", "start_us"]],
+                      usable(others)[["run", "node", "step", "start_us"]]])
+    step_start = both.groupby([both["run"].astype(str), both["node"].astype(str),
+                               both["step"]])["start_us"].min()
+    node_of = rows.groupby(keys)["node"].first().astype(str)
+    index = pd.MultiIndex.from_arrays([last_end.index.get_level_values(0), node_of.to_numpy(),
+                                       last_end.index.get_level_values(2)])
+    start = step_start.reindex(index).to_numpy(dtype=float)
+    return (last_end.to_numpy(dtype=float) - start) / 1e6
 
 
 def traced_plan(posterior: xr.DataTree):
@@ -294,13 +312,15 @@ def traced_plan(posterior: xr.DataTree):
 
 
 def predict_rank_step_times(
-    posterior: xr.DataTree, heldout: pd.DataFrame, *, draws: int, seed: int
+    posterior: xr.DataTree, heldout: pd.DataFrame, *, draws: int, seed: int,
+    others: pd.DataFrame | None = None,
 ) -> HeldoutPrediction:
-    """Forecast step time (s) of the traced plan against the held-out ranks' step spans.
+    """Forecast step time (s) of the traced plan against the held-out ranks' step times.
 
     The forecast is ``bayesprism.forecast`` of the posterior (bayesprism or a degenerate
     baseline with the same ``inventory``) at the traced plan; the observations are
-    :func:`rank_step_times` of the held-out ranks.
+    :func:`rank_step_times` of the held-out ranks (from the step's start on their node when
+    ``others``, the fitted ranks of the same trace, are given).
     """
     from bayesprism.forecast import forecast
 
@@ -309,7 +329,7 @@ def predict_rank_step_times(
     )
     step_time = fc["step_time_s"] if "step_time_s" in fc else fc.to_dataset()["step_time_s"]
     pred = step_time.isel(plan=0).to_numpy().reshape(-1)
-    return HeldoutPrediction([(pred, rank_step_times(heldout))], unit="step_time_s")
+    return HeldoutPrediction([(pred, rank_step_times(heldout, others))], unit="step_time_s")
 
 
 def is_step_table(table: pd.DataFrame) -> bool:

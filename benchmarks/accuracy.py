@@ -171,8 +171,10 @@ def kineto_case(path: Path, name: str, args, rows: list) -> None:
         tree = post if method == "bayesprism" else degenerate_posterior(
             fit_table, method, reference=post)
         try:
+            # a held-out rank's step runs from the step's start on its node (the fitted
+            # ranks' first kernels count) to its last kernel
             prediction = predict_rank_step_times(tree, held, draws=args.pred_draws,
-                                                 seed=args.seed)
+                                                 seed=args.seed, others=fit_table)
         except Exception as exc:  # the composition may not run on every posterior yet
             print(f"{name} step time, {method}: not scored ({type(exc).__name__}: {exc})",
                   file=sys.stderr)

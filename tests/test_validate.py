@@ -19,6 +19,7 @@ from bayesprism.validate import (
     plot_pit_histogram,
     predict_rows,
     predicted_slowest,
+    rank_step_times,
     resampled_slowest,
     split_table,
     validate,
@@ -302,3 +303,17 @@ def test_cli_json_with_the_bayesprism_fit(kernel_table, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"bayesprism", "pooled", "deterministic"}
     assert all(list(v) == list(METRICS) for v in out.values())
+
+
+def test_rank_step_times_from_the_rank_span_or_from_the_step_start_on_its_node():
+    # node a: rank 0 runs 0-30 us, rank 1 starts late (10) and ends last (34); node b: rank 2
+    # runs 5-20 on its own clock
+    rows = [(0, "a", 0, 0.0, 10.0), (0, "a", 0, 12.0, 18.0), (1, "a", 1, 10.0, 24.0),
+            (2, "b", 0, 5.0, 15.0)]
+    table = pd.DataFrame(rows, columns=["rank", "node", "gpu", "start_us", "duration_us"])
+    table = table.assign(run="r", step=0, kernel="g", kernel_class="gemm")
+    spans = rank_step_times(table)
+    np.testing.assert_allclose(spans, [30e-6, 24e-6, 15e-6])
+    held, fitted = table[table["rank"] != 0], table[table["rank"] == 0]
+    # rank 1's step starts at rank 0's first kernel (same node); rank 2's node has no other rank
+    np.testing.assert_allclose(rank_step_times(held, others=fitted), [34e-6, 15e-6])
