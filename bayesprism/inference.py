@@ -117,7 +117,7 @@ def _combined_table(tables: list[pd.DataFrame]) -> pd.DataFrame:
 
 #: nutpie-compiled models of this process by (spec hash, input digest): refitting the same data
 #: with another seed or length skips the compile (the slowest part of a small fit).
-_COMPILED: dict[tuple[str, str], object] = {}
+_COMPILED: dict[tuple[str, ...], object] = {}
 _COMPILED_MAX = 4
 
 
@@ -125,10 +125,10 @@ def nutpie_backend() -> str:
     """The backend nutpie compiles with: ``"jax"`` when JAX is installed, else ``"numba"``
     (the environment variable ``BAYESPRISM_NUTPIE_BACKEND=jax|numba`` overrides).
 
-    Measured on the 10 M-launch benchmark model (204,800 cells, 648 parameters): JAX compiles
-    in ~3 s where numba's LLVM build of nutpie's callback takes 24-106 s (longer on a loaded
-    machine), and one log-density + gradient evaluation takes ~5 ms against ~16 ms. Small
-    models compile in 2-3 s instead of 10-25 s.
+    Measured on the 10 M-launch benchmark model (204,800 cells, 584 parameters): JAX compiles
+    in ~2 s where numba's LLVM build of nutpie's callback takes 24-106 s; a log-density +
+    gradient costs ~4 ms against ~1.5 ms, so the whole fit took 172 s against 207 s. Small
+    models compile in ~2 s instead of 10-25 s.
     """
     chosen = os.environ.get("BAYESPRISM_NUTPIE_BACKEND", "").strip().lower()
     if chosen in ("jax", "numba"):
@@ -139,9 +139,10 @@ def nutpie_backend() -> str:
 def _compiled_nutpie(model, key: tuple[str, str] | None):
     import nutpie
 
+    backend = nutpie_backend()
+    key = None if key is None else (*key, backend)
     if key is not None and key in _COMPILED:
         return _COMPILED[key]
-    backend = nutpie_backend()
     compiled = nutpie.compile_pymc_model(model, backend=backend, gradient_backend=
                                          "jax" if backend == "jax" else "pytensor")
     if key is not None:

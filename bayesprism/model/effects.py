@@ -1,15 +1,19 @@
 """Unit effects (nodes, GPUs, steps, cabinets) with heavy-tailed populations, sampled so they mix.
 
 The likelihood sees a level's effects only as deviations from their group mean (GPUs within
-node, steps within run, nodes and cabinets overall). With thousands of launches per unit those
-deviations are pinned by the data while each group mean is known only from the population
-prior. Sampling the effects themselves leaves a narrow valley along the all-ones direction that
-NUTS with a diagonal mass matrix crosses in tiny steps (measured: ~60 leapfrog steps per draw).
+node, steps within run, nodes within cabinet or overall, cabinets overall). With thousands of
+launches per unit those deviations are pinned by the data while each group mean is known only
+from the population prior. Sampling the effects themselves leaves a narrow valley along the
+all-ones direction that NUTS with a diagonal mass matrix crosses in tiny steps (measured: ~60
+leapfrog steps per draw).
 So the free coordinates are rotated: per group an orthonormal Helmert basis whose first vector
-is the normalised all-ones vector. The group-mean coordinate and the contrast coordinates are
-then separate, axis-aligned parameters; the map is orthogonal (unit Jacobian), so the
-population prior (Normal, Student-t with learned ν, or a two-component mixture with a slow
-component) is applied to the effects themselves as a potential and stays exactly as specified.
+is the normalised all-ones vector, which separates the group-mean coordinate from the contrast
+coordinates (the map is orthogonal: unit Jacobian). A level of one group keeps its mean
+coordinate (the population location, standardised); nested levels drop theirs and are
+zero-sum within their group, with the population density (Normal, Student-t with learned ν,
+or a two-component mixture with a slow component) applied to the centred effects and the
+zero-sum normaliser (:func:`unit_level`). Per-class scales are a reference scale times loading
+ratios centred on the launch-weighted geometric-mean class (:func:`class_scales`).
 """
 
 from __future__ import annotations
@@ -145,6 +149,7 @@ def unit_level(level: str, prepared, spec: ModelSpec):
     loading = class_scales(level, scale, prepared)
     effect = pm.Deterministic(f"{level}_effect", raw / scale, dims=dim)
     return loading, effect, centred / scale
+
 
 def class_scales(name: str, scale_ref, prepared):
     """Per-class scales ``{name}_scale`` = ``scale_ref`` × loading ratio, ratios centred.
