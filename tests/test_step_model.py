@@ -3,6 +3,7 @@ and forecasts at new scales (``bayesprism.stepscale``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 
@@ -104,6 +105,9 @@ def test_prepare_step_drops_warmup_and_reports_bad_input():
     assert "the step model needs at least 2 runs" in lines[1]
     with pytest.raises(InputError, match=r"attrs.runs\['n16/run0'\]: is missing"):
         prepare(bad, ModelSpec.load("step"))
+    odd = dataclasses.replace(ModelSpec.load("step"), step={"mass_matrix": "dense"})
+    with pytest.raises(InputError, match="step.mass_matrix: must be 'diag' or 'low_rank'"):
+        prepare(table, odd)
 
 
 @dataclass
