@@ -106,7 +106,7 @@ def test_prepare_step_drops_warmup_and_reports_bad_input():
     with pytest.raises(InputError, match=r"attrs.runs\['n16/run0'\]: is missing"):
         prepare(bad, ModelSpec.load("step"))
     odd = dataclasses.replace(ModelSpec.load("step"), step={"mass_matrix": "dense"})
-    with pytest.raises(InputError, match="step.mass_matrix: must be 'diag' or 'low_rank'"):
+    with pytest.raises(InputError, match=r"step\.mass_matrix: must be 'diag' or 'low_rank'"):
         prepare(table, odd)
 
 
