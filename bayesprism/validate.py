@@ -1,14 +1,7 @@
 """Held-out validation: split a trace table, predict the held-out part, score it (DESIGN §2.8).
 
-Splits (:func:`split_table`):
-
-``nodes`` / ``gpus`` / ``ranks``
-    Fit some nodes (GPUs ``"<node>/<gpu>"``, global ranks) and predict the held-out ones as
-    *new* units drawn from the fitted population.
-``steps``
-    Fit the first part of every run, predict its remaining steps.
-``scale``
-    Fit the runs at the smaller world sizes, forecast the runs at the larger ones.
+Splits (``nodes``, ``gpus``, ``ranks``, ``steps``, ``scale``): :func:`split_table`, defined in
+:mod:`bayesprism.splits` and re-exported here.
 
 Predictions (:func:`predict_heldout`): for kernel-level posteriors every held-out row (one
 kernel launch, or one benchmark run on one GPU) is simulated in its own context: fitted effects

@@ -51,6 +51,13 @@ def test_ingest_writes_parquet_and_json_summary(tmp_path, capsys):
     assert len(table) == 9 and table.attrs["runs"]["kineto_golden"]["world_size"] == 2
 
 
+def test_ingest_into_a_missing_folder_is_one_clear_error(tmp_path, capsys):
+    out = tmp_path / "missing" / "t.parquet"
+    code, _, err = run_cli(capsys, RANK0, "-o", out)
+    assert code == 2
+    assert err.strip() == f"error: {out}: output: the output folder does not exist"
+
+
 def test_ingest_text_summary(tmp_path, capsys):
     code, stdout, _ = run_cli(capsys, GOLDEN, "-o", tmp_path / "t.parquet")
     assert code == 0

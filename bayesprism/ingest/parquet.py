@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from bayesprism.errors import InputError, Problem
 from bayesprism.ingest.dispatch import (
     IngestCollector,
     collective_mask,
@@ -103,6 +104,8 @@ def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = Non
     import pyarrow.parquet as pq
 
     out = Path(out)
+    if not out.parent.is_dir():
+        raise InputError(Problem(str(out), "output", "the output folder does not exist"))
     files, problems = expand_paths(paths)
     collector = IngestCollector(problems=list(problems))
     options = reader_options(gpus_per_node, rank_to_node, column_map)
