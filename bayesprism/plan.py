@@ -72,6 +72,60 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+#: Plan fields checked one by one: positive integers (required / ``None`` allowed) and
+#: positive numbers (``None`` allowed), in the order their problems are reported.
+_REQUIRED_INTS = ("dp", "tp", "pp", "cp", "ep", "microbatches", "virtual_stages", "gpus_per_node")
+_OPTIONAL_INTS = ("steps", "layers", "world_size")
+_OPTIONAL_NUMBERS = ("activation_bytes", "gradient_bytes", "micro_batch_size")
+
+
+def _field_problem(name: str, value: object) -> str | None:
+    """Why one plan field's value is out of range, or None when it is fine."""
+    if name in _REQUIRED_INTS or (name in _OPTIONAL_INTS and value is not None):
+        return None if _is_positive_int(value) else "must be a positive integer"
+    if name in _OPTIONAL_NUMBERS and value is not None:
+        return None if _is_number(value) and value > 0 else "must be a positive number"
+    if name == "name" and value is not None and not isinstance(value, str):
+        return "must be a string"
+    if name == "overlap" and not (_is_number(value) and 0.0 <= float(value) <= 1.0):
+        return "must be a fraction between 0 and 1"
+    if name == "schedule" and value not in SCHEDULES:
+        return f"unknown schedule; allowed: {', '.join(SCHEDULES)}"
+    if name == "sharding" and value not in SHARDINGS:
+        return f"unknown sharding; allowed: {', '.join(SHARDINGS)}"
+    return None
+
+
+def field_problems(values: Mapping[str, Any], where: str = "plan") -> list[Problem]:
+    """Range problems of :class:`ParallelPlan` field values, each field on its own.
+
+    The one check of single values, shared by plans and by layout facts a user states for a
+    traced run (:mod:`bayesprism.ingest.layout`); relations between fields (``world_size``,
+    ``ep`` dividing ``dp``, interleaving) are checked by :class:`ParallelPlan` alone.
+
+    Parameters
+    ----------
+    values
+        Some or all plan fields, e.g. ``{"virtual_stages": 12, "schedule": "1f1b"}``; keys
+        that are not plan fields are ignored.
+    where
+        Named in each problem (file, plan).
+
+    Returns
+    -------
+    list of Problem
+        One per bad value (field, message, value), in plan field order.
+    """
+    order = (*_REQUIRED_INTS, *_OPTIONAL_INTS, *_OPTIONAL_NUMBERS, "name", "overlap",
+             "schedule", "sharding")
+    problems = []
+    for name in (n for n in order if n in values):
+        message = _field_problem(name, values[name])
+        if message is not None:
+            problems.append(Problem(where, name, message, example=values[name]))
+    return problems
+
+
 @dataclass(frozen=True)
 class ParallelPlan:
     """How one training step is laid out on ``dp * tp * pp * cp`` GPUs.
@@ -157,27 +211,8 @@ class ParallelPlan:
         def bad(name: str, message: str, value: object) -> None:
             problems.append(Problem(where, name, message, example=value))
 
-        required = ("dp", "tp", "pp", "cp", "ep", "microbatches", "virtual_stages")
-        for name in (*required, "gpus_per_node"):
-            value = getattr(self, name)
-            if not _is_positive_int(value):
-                bad(name, "must be a positive integer", value)
-        for name in ("steps", "layers", "world_size"):
-            value = getattr(self, name)
-            if value is not None and not _is_positive_int(value):
-                bad(name, "must be a positive integer", value)
-        for name in ("activation_bytes", "gradient_bytes", "micro_batch_size"):
-            value = getattr(self, name)
-            if value is not None and not (_is_number(value) and value > 0):
-                bad(name, "must be a positive number", value)
-        if self.name is not None and not isinstance(self.name, str):
-            bad("name", "must be a string", self.name)
-        if not _is_number(self.overlap) or not 0.0 <= float(self.overlap) <= 1.0:
-            bad("overlap", "must be a fraction between 0 and 1", self.overlap)
-        if self.schedule not in SCHEDULES:
-            bad("schedule", f"unknown schedule; allowed: {', '.join(SCHEDULES)}", self.schedule)
-        if self.sharding not in SHARDINGS:
-            bad("sharding", f"unknown sharding; allowed: {', '.join(SHARDINGS)}", self.sharding)
+        problems.extend(field_problems({f.name: getattr(self, f.name) for f in fields(self)},
+                                       where))
         if problems:  # the relations below need valid numbers
             return problems, notes
 

@@ -63,3 +63,24 @@ def test_fit_cli_prints_a_summary_table(tmp_path, capsys):
     assert lines[2] == "variance components (CV per level, posterior median):"
     assert lines[3].split() == ["node", "gpu", "step", "residual"]
     assert sorted(line.split()[0] for line in lines[4:]) == ["allreduce", "elementwise", "gemm"]
+
+
+def test_fit_cli_records_a_stated_layout_in_the_posterior(tmp_path, capsys, shared_data):
+    """NVIDIA's GPT-3 logs do not record the 12 virtual stages: --layout states them and the
+    step model fits with them (the posterior's run layouts say so)."""
+    import xarray as xr
+
+    folder = shared_data / "mlperf/training_results_v3.1/NVIDIA/results/eos_n64_ngc23.09_nemo"
+    out = tmp_path / "post.nc"
+    code = main(["fit", str(folder), "-o", str(out), "--layout", "virtual_stages=12",
+                 "--draws", "10", "--tune", "10", "--chains", "1", "--sampler", "nutpie",
+                 "--seed", "1", "--json", "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["model_kind"] == "step"
+    with xr.open_datatree(out) as tree:
+        layouts = json.loads(tree["posterior"].attrs["run_layouts"])
+    assert set(layouts) == {f"eos_n64_ngc23.09_nemo/gpt3/result_{i}" for i in range(3)}
+    for layout in layouts.values():
+        # 512 GPUs as tp 4 x pp 8 x dp 16 (config and log), 12 virtual stages (stated)
+        assert (layout["virtual_stages"], layout["tp"], layout["pp"], layout["dp"]) == (
+            12, 4, 8, 16)

@@ -206,3 +206,47 @@ def test_cli_process_exit_code_and_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"error: {bad}: invalid JSON: ")
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_ingest_records_stated_layout_in_the_parquet_runs(tmp_path, capsys):
+    """The facts are written with the run metadata as the files stream in (one pass)."""
+    out = tmp_path / "t.parquet"
+    code, stdout, err = run_cli(capsys, RANK0, RANK1, "-o", out, "--layout", "tp=2",
+                                "--layout", "schedule=gpipe", "--json")
+    assert code == 0, err
+    assert json.loads(stdout)["rows"] == 9  # the rows are those of a plain ingest
+    table = schema.read_table(out)
+    meta = table.attrs["runs"]["kineto_golden"]
+    # 2 ranks, tp 2 stated: dp re-derived as 2 / 2
+    assert (meta["plan"]["tp"], meta["plan"]["dp"], meta["plan"]["schedule"]) == (2, 1, "gpipe")
+    assert meta["layout_sources"] == {"tp": "user", "schedule": "user"}
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_ingest_to_parquet_layout_matches_read_traces(tmp_path):
+    from bayesprism.ingest import ingest_to_parquet, read_traces
+
+    layout = {"virtual_stages": 2, "pp": 2}
+    ingest_to_parquet([RANK0, RANK1], tmp_path / "t.parquet", layout=layout, progress=False)
+    streamed = schema.read_table(tmp_path / "t.parquet").attrs["runs"]
+    assert streamed == read_traces([RANK0, RANK1], layout=layout, progress=False).attrs["runs"]
+    assert streamed["kineto_golden"]["plan"]["schedule"] == "interleaved-1f1b"
+
+
+@pytest.mark.parametrize("command", [
+    ["ingest", str(RANK0), "-o", "{tmp}/t.parquet"],
+    ["fit", str(RANK0), "-o", "{tmp}/p.nc"],
+    ["validate", "--fit", str(RANK0), "--split", "steps"],
+])
+@pytest.mark.parametrize(("fact", "message"), [
+    ("virtual=12", "error: --layout: virtual: unknown layout key; allowed: dp, tp, pp, cp, ep, "
+     "microbatches, virtual_stages, micro_batch_size, gpus_per_node, schedule, sharding, "
+     "overlap"),
+    ("virtual_stages=0", "error: --layout: virtual_stages: must be a positive integer, e.g. 0"),
+])
+def test_every_command_that_reads_traces_refuses_a_bad_layout(tmp_path, capsys, command, fact,
+                                                               message):
+    argv = [a.format(tmp=tmp_path) for a in command]
+    assert main([*argv, "--layout", "tp=2", "--layout", fact, "--quiet"]) == 2
+    assert capsys.readouterr().err.splitlines() == [message]
+    assert not list(tmp_path.iterdir())  # refused before anything is read or written

@@ -249,32 +249,60 @@ def test_user_layout_overrides_with_provenance(shared_data):
 
 def test_layout_keys_and_values_are_checked():
     from bayesprism.errors import InputError
-    from bayesprism.ingest.dispatch import check_layout, parse_layout_args
+    from bayesprism.ingest.layout import check_layout, parse_layout_args
 
-    assert parse_layout_args(["virtual_stages=12", "schedule=zero-bubble", "overlap=0.5"]) == {
-        "virtual_stages": 12, "schedule": "zero-bubble", "overlap": 0.5}
+    assert parse_layout_args(["virtual_stages=12", "schedule=zero-bubble", "overlap=0.5",
+                              "micro_batch_size=2.0"]) == {
+        "virtual_stages": 12, "schedule": "zero-bubble", "overlap": 0.5, "micro_batch_size": 2}
     with pytest.raises(InputError) as err:
-        parse_layout_args(["virtual=12", "tp=0", "pp", "overlap=2", "tp=1"])
+        parse_layout_args(["virtual=12", "tp=0", "pp", "overlap=2", "tp=1", "dp=two"])
     assert err.value.lines() == [
         "--layout: pp: expected KEY=VALUE, e.g. virtual_stages=12",
         "--layout: tp: is given twice, e.g. 'tp=1'",
         "--layout: virtual: unknown layout key; allowed: dp, tp, pp, cp, ep, "
         "microbatches, virtual_stages, micro_batch_size, gpus_per_node, schedule, sharding, "
         "overlap",
-        "--layout: tp: must be a positive integer, e.g. '0'",
-        "--layout: overlap: must be a number in [0, 1], e.g. '2'",
+        "--layout: dp: must be a positive integer, e.g. 'two'",
+        "--layout: tp: must be a positive integer, e.g. 0",
+        "--layout: overlap: must be a fraction between 0 and 1, e.g. 2",
     ]
-    with pytest.raises(InputError, match="schedule: must be one of gpipe, 1f1b"):
-        check_layout({"schedule": "2f2b"})
-    with pytest.raises(InputError, match="virtual_stages: must be a positive integer"):
-        check_layout({"virtual_stages": 1.5})
+    for layout, message in (
+            ({"schedule": "2f2b"}, "layout: schedule: unknown schedule; allowed: gpipe, 1f1b"),
+            ({"virtual_stages": 1.5}, "layout: virtual_stages: must be a positive integer, "
+             "e.g. 1.5"),
+            ({"pp": True}, "layout: pp: must be a positive integer, e.g. True"),
+            ({"micro_batch_size": "inf"}, "layout: micro_batch_size: must be a positive "
+             "number, e.g. 'inf'")):
+        with pytest.raises(InputError) as err:
+            check_layout(layout)
+        assert err.value.lines()[0].startswith(message)
 
 
-def test_layout_applies_to_runs_of_other_formats_and_parquet(tmp_path):
-    """A tidy table's runs get the stated layout too; the CLI rewrites a Parquet table's runs."""
-    from bayesprism.cli.ingest import apply_layout_to_parquet
-    from bayesprism.ingest.dispatch import apply_layout
-    from bayesprism.schema import empty_attrs, read_table, write_table
+def test_layout_values_are_checked_as_plan_fields_are():
+    """One range check: every value check_layout refuses, ParallelPlan refuses with the same
+    words, and every value it accepts makes a valid plan field."""
+    from bayesprism.errors import InputError
+    from bayesprism.ingest.layout import check_layout
+    from bayesprism.plan import ParallelPlan, PlanError
+
+    bad = {"tp": 0, "micro_batch_size": -1, "overlap": 1.5, "sharding": "zero4"}
+    for key, value in bad.items():
+        with pytest.raises(InputError) as layout_err:
+            check_layout({key: value}, source="s")
+        with pytest.raises(PlanError) as plan_err:
+            ParallelPlan.from_dict({key: value}, source="s")
+        assert layout_err.value.lines() == plan_err.value.lines()
+    good = check_layout({"tp": "2", "micro_batch_size": "0.5", "overlap": "1", "ep": 1.0})
+    assert good == {"tp": 2, "micro_batch_size": 0.5, "overlap": 1, "ep": 1}
+    assert ParallelPlan(dp=2, **good).gpus == 4
+
+
+def test_layout_applies_to_runs_of_every_kind_of_input(tmp_path, shared_data):
+    """apply_layout by hand; read_inputs gives the facts to a Parquet table's runs and to the
+    runs of raw logs alike (provenance "user"), without changing the rows."""
+    from bayesprism.ingest import read_inputs
+    from bayesprism.ingest.layout import apply_layout
+    from bayesprism.schema import empty_attrs, write_table
 
     notes: list[str] = []
     meta = apply_layout({"world_size": 64, "plan": {"dp": 64, "tp": 1}},
@@ -289,8 +317,12 @@ def test_layout_applies_to_runs_of_other_formats_and_parquet(tmp_path):
     df = validate_table(df)
     df.attrs = {**empty_attrs(), "runs": {"a": {"world_size": 8, "plan": {"dp": 8}}}}
     path = write_table(df, tmp_path / "t.parquet")
-    runs = apply_layout_to_parquet(path, {"pp": 2})
-    back = read_table(path)
-    assert back.attrs["runs"] == runs
-    assert back.attrs["runs"]["a"]["plan"] == {"dp": 4, "pp": 2}
-    assert back["duration_us"].tolist() == [1.0, 2.0, 3.0]
+    log = shared_data / GPT3 / "eos_n64_ngc23.09_nemo" / "gpt3" / "result_0.txt.gz"
+    table, logs = read_inputs([path, log], layout={"pp": 2}, progress=False)
+    assert table.attrs["runs"]["a"]["plan"] == {"dp": 4, "pp": 2}
+    assert table.attrs["runs"]["a"]["layout_sources"] == {"pp": "user"}
+    assert table["duration_us"].tolist() == [1.0, 2.0, 3.0]
+    (meta,) = logs.attrs["runs"].values()
+    # 512 GPUs, tp 4 from the config, pp 2 stated: dp = 512 / 8
+    assert meta["plan"]["pp"] == 2 and meta["plan"]["dp"] == 64
+    assert meta["layout_sources"]["pp"] == "user"

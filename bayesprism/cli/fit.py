@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from bayesprism.cli._common import add_common, print_json
+from bayesprism.cli.ingest import add_layout_option
 from bayesprism.errors import ConvergenceWarning, InputError, Problem
 
 #: Kernel-model loadings reported as variance components (JSON key -> posterior variable).
@@ -19,7 +20,6 @@ KERNEL_LEVELS = {"node": "node_scale", "gpu": "gpu_scale", "step": "step_scale",
 #: Step-model scales reported as variance components.
 STEP_LEVELS = {"config": "config_sd", "run": "run_sd", "rank": "rank_sigma",
                "slot": "slot_noise", "step": "step_noise"}
-TABLE_SUFFIXES = (".parquet", ".pq")
 
 
 def register(sub) -> None:
@@ -43,40 +43,11 @@ def register(sub) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--sampler", choices=("auto", "nutpie", "pymc", "advi"), default="auto",
                         help="sampler (default auto: nutpie when installed)")
+    add_layout_option(parser, "every run of the inputs, raw traces and Parquet tables "
+                      "alike")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_common(parser)
     parser.set_defaults(func=run)
-
-
-def read_inputs(inputs: list[str], progress: bool) -> list:
-    """Trace tables from Parquet files (read as tables) and everything else (ingested)."""
-    from bayesprism.schema import read_table
-
-    tables, raw, problems = [], [], []
-    for item in inputs:
-        path = Path(item)
-        if path.suffix.lower() in TABLE_SUFFIXES:
-            if not path.is_file():
-                problems.append(Problem(item, "", "no such file"))
-                continue
-            try:
-                tables.append(read_table(path))
-            except InputError as exc:
-                problems.extend(exc.problems)
-            except (OSError, ValueError) as exc:  # pyarrow: not a Parquet file
-                problems.append(Problem(item, "", f"cannot be read as a Parquet table: {exc}"))
-        else:
-            raw.append(item)
-    if raw:
-        from bayesprism.ingest import read_traces
-
-        try:
-            tables.append(read_traces(raw, progress=progress))
-        except InputError as exc:
-            problems.extend(exc.problems)
-    if problems:
-        raise InputError(problems)
-    return tables
 
 
 def _cv(sigma: np.ndarray) -> float:
@@ -120,6 +91,8 @@ def _fmt(value) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from bayesprism.inference import convergence_summary, fit
+    from bayesprism.ingest.layout import parse_layout_args
+    from bayesprism.ingest.parquet import read_inputs
     from bayesprism.io import save
 
     problems = [Problem("arguments", f"--{name}", "must be a positive integer", example=value)
@@ -129,10 +102,14 @@ def run(args: argparse.Namespace) -> int:
         problems.append(Problem("arguments", "--tune", "must be >= 0", example=args.tune))
     if not args.output.parent.is_dir():
         problems.append(Problem(str(args.output), "-o", "the output folder does not exist"))
+    try:
+        layout = parse_layout_args(args.layout)
+    except InputError as exc:
+        problems.extend(exc.problems)
     if problems:
         raise InputError(problems)
     progress = not args.quiet
-    tables = read_inputs(args.inputs, progress)
+    tables = read_inputs(args.inputs, layout=layout, progress=progress)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tree = fit(tables, args.model, draws=args.draws, tune=args.tune, chains=args.chains,

@@ -24,76 +24,46 @@ def register(subparsers) -> None:
                         help="Parquet file to write")
     parser.add_argument("--gpus-per-node", type=int, default=None, metavar="N",
                         help="GPUs per node, to place ranks on nodes when traces name no host")
-    parser.add_argument("--layout", action="append", default=[], metavar="KEY=VALUE",
-                        help="a layout fact the files do not record, applied to every run "
-                        "(repeatable), e.g. --layout virtual_stages=12; keys: dp, tp, pp, cp, "
-                        "ep, microbatches, virtual_stages, micro_batch_size, gpus_per_node, "
-                        "schedule, sharding, overlap. Recorded with provenance 'user'.")
+    add_layout_option(parser, "every run")
     parser.add_argument("--json", action="store_true",
                         help="print the summary as one JSON object")
     add_common(parser)
     parser.set_defaults(func=run)
 
 
+def add_layout_option(parser: argparse.ArgumentParser, applies_to: str) -> None:
+    """``--layout KEY=VALUE`` (repeatable), the same on every command that reads traces.
+
+    Parameters
+    ----------
+    parser
+        The sub-command's parser; the facts land in ``args.layout`` (a list of strings, checked
+        by :func:`bayesprism.ingest.layout.parse_layout_args`).
+    applies_to
+        What the facts apply to, for the help text (e.g. ``"every run"``).
+    """
+    from bayesprism.ingest.layout import LAYOUT_KEYS
+
+    parser.add_argument("--layout", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"a layout fact the inputs do not record, applied to {applies_to} "
+                        "(repeatable), e.g. --layout virtual_stages=12; keys: "
+                        f"{', '.join(LAYOUT_KEYS)}. Recorded with provenance 'user'.")
+
+
 def run(args: argparse.Namespace) -> int:
     """Ingest and print the summary; bad input raises InputError (exit 2 in main)."""
     from bayesprism.errors import InputError, Problem
-    from bayesprism.ingest.dispatch import parse_layout_args
+    from bayesprism.ingest.layout import parse_layout_args
     from bayesprism.ingest.parquet import ingest_to_parquet
     from bayesprism.ingest.summary import format_summary
 
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise InputError(Problem("command line", "--gpus-per-node",
                                  f"must be >= 1, got {args.gpus_per_node}"))
-    layout = parse_layout_args(args.layout)
     summary = ingest_to_parquet(args.paths, args.output, gpus_per_node=args.gpus_per_node,
-                                progress=not args.quiet)
-    if layout:
-        summary["runs"] = apply_layout_to_parquet(args.output, layout)
+                                layout=parse_layout_args(args.layout), progress=not args.quiet)
     if args.json:
         print_json(summary)
     else:
         sys.stdout.write(f"wrote {args.output}\n{format_summary(summary)}\n")
     return 0
-
-
-def apply_layout_to_parquet(path, layout: dict) -> dict:
-    """Set user-stated layout facts on every run of a written Parquet trace table.
-
-    ``ingest_to_parquet`` streams files and writes the run metadata last; the rows are copied
-    row group by row group (bounded memory) into a file whose metadata carries the runs with
-    :func:`bayesprism.ingest.dispatch.apply_layout` applied, then renamed over ``path``.
-
-    Returns
-    -------
-    dict
-        The updated ``attrs["runs"]``.
-    """
-    import json
-    from pathlib import Path
-
-    import pyarrow.parquet as pq
-
-    from bayesprism.ingest.dispatch import apply_layout
-    from bayesprism.schema import ATTRS_KEY
-
-    path = Path(path)
-    source = pq.ParquetFile(path)
-    meta = source.schema_arrow.metadata or {}
-    attrs = json.loads(meta[ATTRS_KEY]) if ATTRS_KEY in meta else {}
-    notes: list[str] = []
-    attrs["runs"] = {run: apply_layout(run_meta, layout, notes)
-                     for run, run_meta in (attrs.get("runs") or {}).items()}
-    attrs["notes"] = [*attrs.get("notes", []), *dict.fromkeys(notes)]
-    schema = source.schema_arrow.with_metadata({k: v for k, v in meta.items() if k != ATTRS_KEY})
-    tmp = path.with_name(path.name + ".layout.tmp")
-    try:
-        with pq.ParquetWriter(tmp, schema, store_schema=False) as writer:
-            for group in range(source.num_row_groups):
-                writer.write_table(source.read_row_group(group).replace_schema_metadata(
-                    schema.metadata))
-            writer.add_key_value_metadata({ATTRS_KEY: json.dumps(attrs).encode()})
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return attrs["runs"]

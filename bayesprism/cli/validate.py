@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bayesprism.cli._common import add_common, print_json
-
-TABLE_SUFFIXES = (".parquet", ".pq")
+from bayesprism.cli.ingest import add_layout_option
 
 
 def register(sub) -> None:
@@ -34,10 +33,7 @@ def register(sub) -> None:
     parser.add_argument("--methods", nargs="+", default=["bayesprism", "pooled", "deterministic"],
                         choices=("bayesprism", "pooled", "deterministic"),
                         help="methods to score (default: all three)")
-    parser.add_argument("--layout", action="append", default=[], metavar="KEY=VALUE",
-                        help="a layout fact the inputs do not record, applied to every run of "
-                        "--fit and --heldout (repeatable), e.g. --layout virtual_stages=12 "
-                        "(keys as for 'bayesprism ingest --layout'; provenance 'user')")
+    add_layout_option(parser, "every run of --fit and --heldout")
     parser.add_argument("--seed", type=int, default=0, help="seed of split, fit and draws")
     parser.add_argument("--draws", type=int, default=500,
                         help="posterior draws per chain, and predictive draws per observation")
@@ -50,45 +46,20 @@ def register(sub) -> None:
     parser.set_defaults(func=run)
 
 
-def read_inputs(paths: list[Path], progress: bool, layout: dict | None = None):
-    """One trace table from Parquet trace tables and raw traces/logs (read by ``read_traces``).
-
-    ``layout``: checked layout facts stated by the user, applied to every run (raw logs through
-    ``read_traces(layout=...)``, Parquet tables through ``apply_layout`` on their run metadata).
-    """
-    from bayesprism.ingest.dispatch import apply_layout
-    from bayesprism.schema import read_table
-    from bayesprism.validate import concat_tables
-
-    tables = [read_table(p) for p in paths if p.suffix.lower() in TABLE_SUFFIXES]
-    if layout:
-        for table in tables:
-            notes: list[str] = []
-            table.attrs["runs"] = {run: apply_layout(meta, layout, notes)
-                                   for run, meta in (table.attrs.get("runs") or {}).items()}
-            table.attrs["notes"] = [*table.attrs.get("notes", []), *dict.fromkeys(notes)]
-    raw = [p for p in paths if p.suffix.lower() not in TABLE_SUFFIXES]
-    if raw:
-        from bayesprism.ingest import read_traces
-
-        tables.append(read_traces(raw, progress=progress, layout=layout or None))
-    return concat_tables(tables)
-
-
 def run(args) -> int:
     from bayesprism.errors import InputError, Problem
+    from bayesprism.ingest.layout import parse_layout_args
+    from bayesprism.ingest.parquet import read_inputs
     from bayesprism.metrics import METRICS
     from bayesprism.validate import plot_pit_histogram, validate
 
     if args.heldout is None and args.split is None:
         raise InputError(Problem("validate", "--heldout", "give --heldout PATH... or --split"))
-    from bayesprism.ingest.dispatch import parse_layout_args
-
     layout = parse_layout_args(args.layout)
     progress = not args.quiet
-    fit_table = read_inputs(args.fit, progress, layout)
-    heldout = read_inputs(args.heldout, progress, layout) if args.heldout else None
-    table = validate(fit_table, heldout, model=args.model, split=args.split,
+    fit_tables = read_inputs(args.fit, layout=layout, progress=progress)
+    heldout = read_inputs(args.heldout, layout=layout, progress=progress) if args.heldout else None
+    table = validate(fit_tables, heldout, model=args.model, split=args.split,
                      fraction=args.fraction, seed=args.seed, draws=args.draws,
                      methods=tuple(args.methods), progress=progress)
     if args.pit is not None:

@@ -8,6 +8,8 @@
 * :func:`read_traces`: every file into one DataFrame (in memory).
 * :func:`bayesprism.ingest.parquet.ingest_to_parquet`: the same, file by file into Parquet with
   bounded memory.
+* Layout facts stated by the user (``layout=``) are checked and applied to every run by
+  :mod:`bayesprism.ingest.layout`.
 
 Problems are collected across all files and raised together as one
 :class:`~bayesprism.errors.TraceFormatError` (one line per problem). Files found by searching a
@@ -36,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from bayesprism.errors import IngestWarning, InputError, Problem, TraceFormatError
+from bayesprism.ingest.layout import check_layout, report_with_layout
 from bayesprism.ingest.waits import split_notes, split_wait_transfer
 from bayesprism.schema import (
     ALL_COLUMNS,
@@ -48,14 +51,6 @@ HEAD_BYTES = 64 * 1024
 #: Two files of one run whose first kernels are further apart than this are different jobs.
 MAX_RUN_SPREAD_US = 3600e6
 SKIP_UNRECOGNISED = "file of unrecognised format (found in a directory)"
-#: Layout facts a user may state (``layout=``): parallel sizes and the pipeline schedule go in a
-#: run's ``plan``, ``gpus_per_node`` in the run's metadata.
-LAYOUT_INT_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "microbatches",
-                                    "virtual_stages", "micro_batch_size", "gpus_per_node")
-LAYOUT_KEYS: tuple[str, ...] = (*LAYOUT_INT_KEYS, "schedule", "sharding", "overlap")
-#: provenance label of layout facts stated by the user
-USER = "user"
-
 #: (format name, module, reader function), in the order their ``can_read`` is asked.
 READERS: tuple[tuple[str, str, str], ...] = (
     ("kineto", "bayesprism.ingest.kineto", "read_kineto"),
@@ -359,7 +354,7 @@ def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollecto
             collector.problems.append(Problem(str(f.path), "", f"cannot be read: {exc}"))
             continue
         if options.get("layout") and not report.get("layout_applied"):
-            report = _report_with_layout(report, options["layout"], str(f.path))
+            report = report_with_layout(report, options["layout"], str(f.path))
         if collector.add(f.path, fmt, df, report) and not collector.problems:
             yield df
     if collector.unrecognised:
@@ -372,168 +367,11 @@ def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollecto
             warnings.warn(text, IngestWarning, stacklevel=3)
 
 
-def _report_with_layout(report: dict, layout: dict, source: str) -> dict:
-    """A reader's report with user-stated layout facts applied to each run it describes."""
-    notes: list[str] = []
-    report = dict(report)
-    if report.get("runs"):
-        report["runs"] = {run: apply_layout(meta or {}, layout, notes)
-                          for run, meta in report["runs"].items()}
-    else:
-        report["run_meta"] = apply_layout(report.get("run_meta") or {}, layout, notes)
-    report["notes"] = [*(report.get("notes") or []), *(f"{source}: {n}" for n in notes)]
-    return report
-
-
 def raise_problems(collector: IngestCollector, found_any: bool) -> None:
     if not found_any and not collector.problems:
         collector.problems.append(Problem("inputs", "", "no trace file found"))
     if collector.problems:
         raise TraceFormatError(collector.problems)
-
-
-def _layout_value(key: str, value, source: str) -> tuple[object, Problem | None]:
-    """One layout value converted and checked; (value, None) or (None, problem)."""
-    from bayesprism.plan import SCHEDULES, SHARDINGS
-
-    if key in LAYOUT_INT_KEYS:
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            number = float("nan")
-        if isinstance(value, bool) or not number >= 1 or number != int(number):
-            return None, Problem(source, key, "must be a positive integer", example=value)
-        return int(number), None
-    if key == "overlap":
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            number = float("nan")
-        if isinstance(value, bool) or not 0.0 <= number <= 1.0:
-            return None, Problem(source, key, "must be a number in [0, 1]", example=value)
-        return number, None
-    allowed = SCHEDULES if key == "schedule" else SHARDINGS
-    if str(value) not in allowed:
-        return None, Problem(source, key, f"must be one of {', '.join(allowed)}", example=value)
-    return str(value), None
-
-
-def check_layout(layout, source: str = "layout") -> dict:
-    """Validated layout facts stated by a user (``read_traces(..., layout=...)``).
-
-    Parameters
-    ----------
-    layout
-        Mapping of :data:`LAYOUT_KEYS` to values, e.g. ``{"virtual_stages": 12}``; integer keys
-        accept integer-valued strings (as the CLI passes them). ``None`` gives ``{}``.
-    source
-        Where the layout came from, named in error messages (e.g. ``"--layout"``).
-
-    Returns
-    -------
-    dict
-        The converted values (ints for sizes, float for ``overlap``, str otherwise).
-
-    Raises
-    ------
-    InputError
-        One line per unknown key or bad value, all at once.
-    """
-    if layout is None:
-        return {}
-    if not isinstance(layout, Mapping):
-        raise InputError(Problem(source, "layout", "must be a mapping of layout keys to values",
-                                 example=layout))
-    checked: dict = {}
-    problems: list[Problem] = []
-    for key, value in layout.items():
-        if key not in LAYOUT_KEYS:
-            problems.append(Problem(source, str(key), "unknown layout key; allowed: "
-                                    + ", ".join(LAYOUT_KEYS)))
-            continue
-        checked[key], problem = _layout_value(key, value, source)
-        if problem is not None:
-            problems.append(problem)
-    if problems:
-        raise InputError(problems)
-    return checked
-
-
-def parse_layout_args(items: Iterable[str] | None, source: str = "--layout") -> dict:
-    """``["virtual_stages=12", "schedule=interleaved-1f1b"]`` → checked layout facts.
-
-    Raises
-    ------
-    InputError
-        An item without ``=``, a key given twice, an unknown key or a bad value.
-    """
-    raw: dict[str, str] = {}
-    problems: list[Problem] = []
-    for item in items or []:
-        key, sep, value = str(item).partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or not key or not value:
-            problems.append(Problem(source, str(item), "expected KEY=VALUE, e.g. "
-                                    "virtual_stages=12"))
-        elif key in raw:
-            problems.append(Problem(source, key, "is given twice", example=item))
-        else:
-            raw[key] = value
-    try:
-        checked = check_layout(raw, source)
-    except InputError as exc:
-        problems.extend(exc.problems)
-    if problems:
-        raise InputError(problems)
-    return checked
-
-
-def apply_layout(meta: Mapping, layout: Mapping, note: list[str] | None = None) -> dict:
-    """A run's metadata with stated layout facts set (provenance ``"user"``).
-
-    Plan keys go in ``meta["plan"]``, ``gpus_per_node`` in ``meta`` itself; each key is recorded
-    in ``meta["layout_sources"]``. When tp, pp or cp change and dp was not stated, dp is
-    re-derived from the world size. A stated value that differs from a recorded one wins and is
-    described in ``note`` (when given).
-
-    Parameters
-    ----------
-    meta
-        One run's ``attrs["runs"][run]`` (not modified).
-    layout
-        Checked layout facts (:func:`check_layout`).
-    note
-        List that receives one text per overridden value.
-
-    Returns
-    -------
-    dict
-        A new metadata dict.
-    """
-    out = dict(meta)
-    plan = dict(out.get("plan") or {})
-    sources = dict(out.get("layout_sources") or {})
-    for key, value in layout.items():
-        target = out if key == "gpus_per_node" else plan
-        old = target.get(key)
-        if note is not None and old is not None and old != value:
-            note.append(f"{key}: the run records {old}, the user states {value}; using {value}")
-        target[key] = value
-        sources[key] = USER
-    if key_changed := {"tp", "pp", "cp"} & set(layout):
-        world = out.get("world_size")
-        model_parallel = (int(plan.get("tp") or 1) * int(plan.get("pp") or 1)
-                          * int(plan.get("cp") or 1))
-        if "dp" not in layout and world and int(world) % model_parallel == 0:
-            plan["dp"] = int(world) // model_parallel
-        elif "dp" not in layout and world and note is not None:
-            note.append(f"{world} GPUs are not divisible by the stated "
-                        f"{'·'.join(sorted(key_changed))} layout (tp·pp·cp = {model_parallel})")
-    if "virtual_stages" in layout and layout["virtual_stages"] > 1 and "schedule" not in layout:
-        plan["schedule"] = "interleaved-1f1b"
-    out["plan"] = plan
-    out["layout_sources"] = sources
-    return out
 
 
 def reader_options(gpus_per_node, rank_to_node, column_map, layout=None) -> dict:
@@ -589,7 +427,8 @@ def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict |
         Passed to the tabular reader: ``{column in file: schema column}``.
     layout
         Layout facts the files do not record, applied to every run read, e.g.
-        ``{"virtual_stages": 12}`` (keys: :data:`LAYOUT_KEYS`). They override what the files
+        ``{"virtual_stages": 12}`` (keys: :data:`bayesprism.ingest.layout.LAYOUT_KEYS`;
+        checked by :func:`bayesprism.ingest.layout.check_layout`). They override what the files
         say (noted in ``attrs["notes"]``) and are recorded with provenance ``"user"`` in
         ``attrs["runs"][run]["layout_sources"]``.
     progress

@@ -29,7 +29,7 @@ Choices worth knowing:
   ``gradient_accumulation_steps`` (else global batch / (DP × micro-batch size)); a numeric
   ``INTERLEAVED_PIPELINE`` becomes ``plan["virtual_stages"]``.
 * Layout facts the files do not record can be stated with ``layout=`` (checked by
-  :func:`bayesprism.ingest.dispatch.check_layout`), e.g. ``{"virtual_stages": 12}`` for
+  :func:`bayesprism.ingest.layout.check_layout`), e.g. ``{"virtual_stages": 12}`` for
   NVIDIA's GPT-3 v3.1 runs, whose interleaving is set in the implementation's
   ``conf/custom.yaml``, not in the log or ``config_*.sh``. Stated values have the highest
   priority (above the log) before dp and micro-batches are derived; disagreements are noted.

@@ -1,9 +1,15 @@
-"""Streaming ingestion: trace files → one Parquet trace table, file by file, bounded memory."""
+"""Parquet trace tables: streaming ingestion into one, and reading them back beside raw traces.
+
+* :func:`ingest_to_parquet`: trace files → one Parquet trace table, file by file, bounded memory.
+* :func:`read_inputs`: what a command is given (Parquet trace tables and raw traces or logs)
+  → trace tables, with the user's layout facts applied to every run of either kind.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,15 +22,19 @@ from bayesprism.ingest.dispatch import (
     expand_paths,
     iter_frames,
     raise_problems,
+    read_traces,
     reader_options,
     split_collectives,
 )
+from bayesprism.ingest.layout import check_layout, table_with_layout
 from bayesprism.ingest.summary import SummaryAccumulator
 from bayesprism.schema import ALL_COLUMNS, ATTRS_KEY, REQUIRED_COLUMNS, _jsonable
 
 #: Columns the wait/transfer split reads from the collective rows.
 SPLIT_COLUMNS = ("run", "step", "rank", "kernel", "occurrence", "process_group", "group_size",
                  "start_us", "duration_us")
+#: File suffixes read by :func:`read_inputs` as whole trace tables (with their run metadata).
+TABLE_SUFFIXES = (".parquet", ".pq")
 
 
 def arrow_schema():
@@ -73,7 +83,7 @@ def to_arrow(df: pd.DataFrame, schema):
 
 def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = None,
                       rank_to_node: dict | None = None, column_map: dict | None = None,
-                      progress: bool = True) -> dict:
+                      layout: Mapping | None = None, progress: bool = True) -> dict:
     """Read trace files one at a time into a Parquet trace table, with bounded memory.
 
     Pass 1 reads file by file: non-collective rows go straight to the output file, collective
@@ -86,8 +96,9 @@ def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = Non
 
     Parameters
     ----------
-    paths, gpus_per_node, rank_to_node, column_map, progress
-        As in :func:`read_traces`.
+    paths, gpus_per_node, rank_to_node, column_map, layout, progress
+        As in :func:`read_traces`: stated layout facts are set on each run as its files are
+        read, so the run metadata written carries them (provenance ``"user"``).
     out
         Output Parquet file.
 
@@ -100,15 +111,17 @@ def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = Non
     ------
     TraceFormatError
         Listing every problem in every file; nothing is written then.
+    InputError
+        A bad ``layout`` or a missing output folder; nothing is read then.
     """
     import pyarrow.parquet as pq
 
     out = Path(out)
     if not out.parent.is_dir():
         raise InputError(Problem(str(out), "output", "the output folder does not exist"))
+    options = reader_options(gpus_per_node, rank_to_node, column_map, check_layout(layout))
     files, problems = expand_paths(paths)
     collector = IngestCollector(problems=list(problems))
-    options = reader_options(gpus_per_node, rank_to_node, column_map)
     schema = arrow_schema()
     tmp_out = out.with_name(out.name + ".tmp")
     tmp_coll = out.with_name(out.name + ".collectives.tmp")
@@ -164,3 +177,66 @@ def _append_collectives(side_file: Path, writer, schema, collector: IngestCollec
         writer.write_table(table)
         summary.add(table.to_pandas())
         offset += n
+
+
+def _read_table_file(path: Path, problems: list[Problem]) -> pd.DataFrame | None:
+    """One Parquet trace table (attrs restored), or None with its problem collected."""
+    from bayesprism.schema import read_table
+
+    if not path.is_file():
+        problems.append(Problem(str(path), "", "no such file"))
+        return None
+    try:
+        return read_table(path)
+    except InputError as exc:
+        problems.extend(exc.problems)
+    except (OSError, ValueError) as exc:  # pyarrow: not a Parquet file
+        problems.append(Problem(str(path), "", f"cannot be read as a Parquet table: {exc}"))
+    return None
+
+
+def read_inputs(paths: Sequence[str | Path], *, layout: Mapping | None = None,
+                progress: bool = True) -> list[pd.DataFrame]:
+    """Trace tables from Parquet trace tables (read whole) and raw traces or logs (ingested).
+
+    What ``bayesprism fit`` and ``bayesprism validate`` are given: a Parquet file (a table
+    written by ``bayesprism ingest``) keeps its rows and run metadata; every other path (file,
+    folder, glob) is read by :func:`read_traces`, all of them into one table.
+
+    Parameters
+    ----------
+    paths
+        Parquet trace tables (:data:`TABLE_SUFFIXES`) and trace files, folders or globs.
+    layout
+        Layout facts the inputs do not record, applied to every run of both kinds with
+        provenance ``"user"`` (:mod:`bayesprism.ingest.layout`).
+    progress
+        Show a progress bar while ingesting raw traces.
+
+    Returns
+    -------
+    list of pandas.DataFrame
+        The Parquet tables in the order given, then the table of the raw inputs (if any).
+
+    Raises
+    ------
+    InputError
+        Every problem at once: a bad ``layout``, a missing or unreadable table, bad rows, and
+        the problems of the raw inputs.
+    """
+    layout = check_layout(layout)
+    tables: list[pd.DataFrame] = []
+    problems: list[Problem] = []
+    raw = [p for p in paths if Path(p).suffix.lower() not in TABLE_SUFFIXES]
+    for path in (Path(p) for p in paths if Path(p).suffix.lower() in TABLE_SUFFIXES):
+        table = _read_table_file(path, problems)
+        if table is not None:
+            tables.append(table_with_layout(table, layout))
+    if raw:
+        try:
+            tables.append(read_traces(raw, layout=layout, progress=progress))
+        except InputError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise InputError(problems)
+    return tables
