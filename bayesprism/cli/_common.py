@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -13,6 +14,25 @@ import numpy as np
 def add_common(parser) -> None:
     """Options every sub-command accepts."""
     parser.add_argument("--quiet", action="store_true", help="no progress bars or warnings")
+
+
+def add_layout_option(parser: argparse.ArgumentParser, applies_to: str) -> None:
+    """``--layout KEY=VALUE`` (repeatable), the same on every command that reads traces.
+
+    Parameters
+    ----------
+    parser
+        The sub-command's parser; the facts land in ``args.layout`` (a list of strings, checked
+        by :func:`bayesprism.ingest.layout.parse_layout_args`).
+    applies_to
+        What the facts apply to, for the help text (e.g. ``"every run"``).
+    """
+    from bayesprism.ingest.layout import LAYOUT_KEYS
+
+    parser.add_argument("--layout", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"a layout fact the inputs do not record, applied to {applies_to} "
+                        "(repeatable), e.g. --layout virtual_stages=12; keys: "
+                        f"{', '.join(LAYOUT_KEYS)}. Recorded with provenance 'user'.")
 
 
 def to_jsonable(obj):

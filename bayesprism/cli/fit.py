@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bayesprism.cli._common import add_common, print_json
-from bayesprism.cli.ingest import add_layout_option
+from bayesprism.cli._common import add_common, add_layout_option, print_json
 from bayesprism.errors import ConvergenceWarning, InputError, Problem
 
 #: Kernel-model loadings reported as variance components (JSON key -> posterior variable).

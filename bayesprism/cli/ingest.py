@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bayesprism.cli._common import add_common, print_json
+from bayesprism.cli._common import add_common, add_layout_option, print_json
 
 
 def register(subparsers) -> None:
@@ -29,25 +29,6 @@ def register(subparsers) -> None:
                         help="print the summary as one JSON object")
     add_common(parser)
     parser.set_defaults(func=run)
-
-
-def add_layout_option(parser: argparse.ArgumentParser, applies_to: str) -> None:
-    """``--layout KEY=VALUE`` (repeatable), the same on every command that reads traces.
-
-    Parameters
-    ----------
-    parser
-        The sub-command's parser; the facts land in ``args.layout`` (a list of strings, checked
-        by :func:`bayesprism.ingest.layout.parse_layout_args`).
-    applies_to
-        What the facts apply to, for the help text (e.g. ``"every run"``).
-    """
-    from bayesprism.ingest.layout import LAYOUT_KEYS
-
-    parser.add_argument("--layout", action="append", default=[], metavar="KEY=VALUE",
-                        help=f"a layout fact the inputs do not record, applied to {applies_to} "
-                        "(repeatable), e.g. --layout virtual_stages=12; keys: "
-                        f"{', '.join(LAYOUT_KEYS)}. Recorded with provenance 'user'.")
 
 
 def run(args: argparse.Namespace) -> int:

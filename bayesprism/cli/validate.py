@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bayesprism.cli._common import add_common, print_json
-from bayesprism.cli.ingest import add_layout_option
+from bayesprism.cli._common import add_common, add_layout_option, print_json
 
 
 def register(sub) -> None:
