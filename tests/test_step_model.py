@@ -244,25 +244,54 @@ def test_mixture_logp_matches_the_two_component_density():
 
 
 def test_marginal_layout_levels_equal_the_joint_normal_density():
-    """Runs of one layout, its level integrated out: N(mu 1, run_sd^2 I + config_sd^2 11')."""
+    """Runs of each layout, its level and config_sd integrated out: the Gamma(2, 40) mixture of
+    N(mu 1, run_sd^2 I + config_sd^2 11') over config_sd (checked by adaptive quadrature)."""
     import pymc as pm
-    from scipy import stats
+    from scipy import integrate, stats
 
-    from bayesprism.model.step import _marginal_config_levels
+    from bayesprism.model.step import CONFIG_SD_PRIOR, _marginal_config_levels
 
     runs = np.array([0.10, 0.12, 0.09, 0.50, 0.53])
     config_idx = np.array([0, 0, 0, 1, 1])
     structural = np.array([0.0, 0.11, 0.0, 0.0, 0.52])  # per run; layouts use runs 1 and 4
-    run_sd, config_sd = 0.02, 0.05
+    run_sd = 0.02
     d = {"config_idx": config_idx, "config_run": np.array([1, 4])}
     with pm.Model(coords={"config": ["a", "b"]}) as model:
-        _marginal_config_levels(d, runs, structural, config_sd, run_sd, ref_config=0)
+        _marginal_config_levels(d, runs, structural, run_sd)
     got = float(model.compile_fn(model.potentiallogp, inputs=[], on_unused_input="ignore")({}))
-    # layout 1: the whole joint normal (its 2 log(2 pi)/2 constant dropped); the reference
-    # layout (0) only its within-layout part, -(n - 1) log run_sd - SS / (2 run_sd^2): its
-    # between part is carried by reference_z
-    joint1 = stats.multivariate_normal(np.full(2, 0.52), run_sd**2 * np.eye(2)
-                                       + config_sd**2 * np.ones((2, 2))).logpdf(runs[3:])
-    squares0 = np.sum((runs[:3] - runs[:3].mean()) ** 2)
-    within0 = -2 * np.log(run_sd) - squares0 / (2 * run_sd**2)
-    assert got == pytest.approx(joint1 + np.log(2 * np.pi) + within0, abs=1e-9)
+
+    def joint(config_sd: float) -> float:
+        density = stats.gamma(CONFIG_SD_PRIOR[0], scale=1 / CONFIG_SD_PRIOR[1]).pdf(config_sd)
+        for block, mu in ((runs[:3], 0.11), (runs[3:], 0.52)):
+            cov = run_sd**2 * np.eye(len(block)) + config_sd**2 * np.ones((len(block),) * 2)
+            density *= stats.multivariate_normal(np.full(len(block), mu), cov).pdf(block)
+        return density
+
+    expected = np.log(integrate.quad(joint, 0.0, 1.0, points=[0.02, 0.05, 0.1], limit=200)[0])
+    # the potential drops the normals' n / 2 log(2 pi) constant per layout of n runs
+    constant = (3 + 2) / 2 * np.log(2 * np.pi)
+    assert got - constant == pytest.approx(expected, abs=1e-6)
+
+
+def test_config_sd_is_drawn_from_its_conditional():
+    """The inverse-CDF draw of config_sd follows its conditional given the run levels: with one
+    layout of many runs far from the structure it sits at the between-runs spread."""
+    import pymc as pm
+
+    from bayesprism.model.step import _marginal_config_levels
+
+    runs = np.array([0.30, 0.31, 0.29, 0.30])  # layout level 0.3 above the structure (0)
+    d = {"config_idx": np.zeros(4, dtype=np.int64), "config_run": np.array([0])}
+    with pm.Model(coords={"config": ["a"]}) as model:
+        _, config_sd = _marginal_config_levels(d, runs, np.zeros(4), 0.01)
+    draw = model.compile_fn(config_sd, inputs=[model["config_sd_z"]],
+                            on_unused_input="ignore")
+    sds = np.array([float(draw({"config_sd_z": z})) for z in np.linspace(-3, 3, 61)])
+    assert np.all(np.diff(sds) > 0)  # monotone in the uniform variate
+    # conditional of config_sd: Gamma(2, 40) prior x N(0.3; 0, config_sd^2 + run_sd^2 / 4)
+    grid = np.linspace(1e-4, 2.0, 200001)
+    density = grid * np.exp(-40 * grid) * np.exp(-0.3**2 / (2 * (grid**2 + 0.01**2 / 4))) \
+        / np.sqrt(grid**2 + 0.01**2 / 4)
+    cdf = np.cumsum(density) / density.sum()
+    median = grid[np.searchsorted(cdf, 0.5)]
+    assert float(draw({"config_sd_z": 0.0})) == pytest.approx(median, rel=0.03)

@@ -15,7 +15,7 @@ all-reduce group of p = dp * cp ranks and R = world-size ranks:
     comm_r   = exp(mb_log_median) * (comm_latency * 2 (p - 1)
                                      + comm_tier * 2 (p - 1) / p * B_r)  (ring all-reduce)
     log median_r = log(slots_r * c_r * strag_r + comm_r)
-    config_k ~ Normal(log median_k, config_sd)          (per layout k; integrated out)
+    config_k ~ Normal(log median_k, config_sd)   (per layout k; both integrated out)
     run_log_median_r ~ Normal(config_k(r), run_sd)
     log y_rs ~ (1 - slow_weight) Normal(run_log_median_r, noise_r)
                + slow_weight Normal(run_log_median_r + slow_shift, sqrt(noise_r^2 + slow_spread^2))
@@ -76,9 +76,12 @@ forecast at a new layout draws a new ``config_k``: how far the formula is off at
 part of the predictive spread. Sampler coordinates (``bayesprism.inference.fit`` starts chains
 at jittered prior support points): run levels are centred but anchored at each run's observed
 median and scaled by its standard error (``run_offset``, a flat variable plus the prior as a
-potential), the layout levels are integrated out exactly (:func:`_marginal_config_levels`) and
-drawn afterwards from their conditional (``config_z``), and the reference structural median
-hangs off the reference runs' mean non-centred (``reference_z``). Option ``[step]
+potential), the layout levels and ``config_sd`` are integrated out
+(:func:`_marginal_config_levels`: exactly for the levels, by quadrature on a log grid for
+``config_sd``, whose funnel with the structural terms made NUTS diverge on the Llama 3.1 8B
+ladder) and drawn afterwards from their conditionals (``config_sd_z``, ``config_z``), and the
+reference structural median is anchored at the reference runs' mean in units of config_sd's
+prior mean (``reference_z``, flat). Option ``[step]
 config_effects = false`` drops the layout level (runs scatter around the structure with
 ``run_sd``; ``run_parameterisation`` then picks centred/non-centred runs).
 
@@ -88,10 +91,11 @@ Posterior variables: ``reference_log_median``, ``mb_log_median``, ``work_exponen
 ``slow_fraction``, ``slow_weight``, ``slow_shift``, ``slow_spread``, ``config_sd``,
 ``config_log_median`` (config), ``run_sd``, ``run_log_median`` (run) and the deterministic
 ``run_effect`` and ``run_median_s`` (run); sampler coordinates ``reference_z`` /
-``reference_offset``, ``config_z``, ``run_offset`` / ``run_z``. ``posterior.attrs``:
-``model_kind="step"``, ``time_unit="s"``, ``reference_work``, ``reference_tp_pp``,
-``reference_config``, ``run_population="normal"``, ``warmup_steps`` and ``run_layouts`` (JSON).
-The first timed step of every run is dropped as warm-up (``summary["skipped"]``).
+``reference_offset``, ``config_sd_z``, ``config_z``, ``run_offset`` / ``run_z``.
+``posterior.attrs``: ``model_kind="step"``, ``time_unit="s"``, ``reference_work``,
+``reference_tp_pp``, ``reference_config``, ``run_population="normal"``, ``warmup_steps``
+and ``run_layouts`` (JSON). The first timed step of every run is dropped as warm-up
+(``summary["skipped"]``).
 Options (``ModelSpec.step``): ``warmup_steps`` (1), ``noise`` (``"mixture"`` or ``"normal"``),
 ``config_effects`` (true), ``target_accept`` (0.95, NUTS), ``mass_matrix`` (``"diag"``, or
 ``"low_rank"``: nutpie's low-rank modified mass matrix), ``run_parameterisation``
@@ -117,6 +121,15 @@ MIN_STEPS_PER_RUN = 3
 #: within a configuration) is below this.
 CENTRED_BELOW = 0.45
 WARMUP_STEPS = 1
+#: Gamma (alpha, beta) prior of ``config_sd`` (mean 0.05, mode 0.025, boundary-avoiding: a
+#: structural formula never fits a new layout exactly, and with 2-3 measured layouts a prior
+#: with mass at 0 gave forecasts as if it did).
+CONFIG_SD_PRIOR: tuple[float, float] = (2.0, 40.0)
+#: config_sd is integrated out on this many log-spaced nodes over CONFIG_SD_RANGE: spacing
+#: 0.064 in log sd, against a conditional at least ~0.1 wide in log sd up to ~50 layouts; the
+#: prior puts 8e-8 of its mass below the lower end and exp(-75) above the upper one.
+CONFIG_SD_NODES = 192
+CONFIG_SD_RANGE: tuple[float, float] = (1e-5, 2.0)
 #: LogNormal (mu, sigma) of the ring all-reduce costs in reference slots. Inter-node: gradient
 #: bytes per rank over the link bandwidth against one micro-batch's compute is
 #: FLOPS * 2 B / (6 * tokens per micro-batch * BW), about 0.2-2 slots for bf16 gradients,
@@ -481,17 +494,33 @@ def _anchored_run_levels(d):
                             dims="run")
 
 
-def _marginal_config_levels(d, run_log_median, structural, config_sd, run_sd, ref_config):
-    """Prior of the run levels with the configuration levels integrated out.
+def _config_sd_grid() -> tuple[np.ndarray, float]:
+    """Log-spaced nodes (log config_sd) and their spacing for integrating config_sd out."""
+    log_nodes = np.linspace(np.log(CONFIG_SD_RANGE[0]), np.log(CONFIG_SD_RANGE[1]),
+                            CONFIG_SD_NODES)
+    return log_nodes, float(log_nodes[1] - log_nodes[0])
+
+
+def _marginal_config_levels(d, run_log_median, structural, run_sd):
+    """Prior of the run levels with the configuration levels and ``config_sd`` integrated out.
 
     Runs r of configuration k: ``run_r ~ N(c_k, run_sd)``, ``c_k ~ N(structural_k,
     config_sd)``; marginally the n_k runs are jointly normal with covariance
     ``run_sd^2 I + config_sd^2 11'``, whose density needs only their mean and sum of squares.
-    Sampling the c_k next to run_sd gave a funnel (divergences at small run_sd). The levels are
-    then drawn from their exact conditional ``c_k | runs`` (a normal) through a standard
-    normal ``config_z`` that enters no likelihood. The reference configuration's between term
-    is carried by ``reference_z`` instead (non-centred; the Jacobian cancels its
-    ``log(total)``). Returns ``config_log_median`` (config).
+    Sampling the c_k next to run_sd gave a funnel (divergences at small run_sd). ``config_sd``
+    is then integrated out too, by the trapezoid rule on :data:`CONFIG_SD_NODES` log-spaced
+    nodes against its Gamma prior: with as many structural parameters as measured layouts
+    (Llama 3.1 8B: 6 layouts, 5 structural terms) it was a funnel with them (small config_sd
+    pins the structure to a thin curved manifold, large config_sd frees it; NUTS diverged with
+    energy errors > 1000 at config_sd ~ 0.015-0.02). The integrated density has one width in
+    the structural terms and Student-t-like tails.
+
+    ``config_sd`` is drawn afterwards from its conditional given the levels (inverse CDF on the
+    grid, uniform ``Phi(config_sd_z)``), and the levels from their exact conditional ``c_k |
+    runs, config_sd`` (a normal) through a standard normal ``config_z``; neither enters the
+    likelihood. ``structural`` holds the structural log median of every run (the reference
+    configuration's is ``reference_log_median``). Returns ``(config_log_median,
+    config_sd)``.
     """
     import pymc as pm
     import pytensor.tensor as pt
@@ -503,16 +532,44 @@ def _marginal_config_levels(d, run_log_median, structural, config_sd, run_sd, re
     mean = pt.dot(onehot, run_log_median) / counts
     squares = pt.dot(onehot, (run_log_median - mean[k]) ** 2)
     mu = structural[d["config_run"]]
-    total = run_sd**2 + counts * config_sd**2
-    between = np.arange(n_configs) != ref_config
-    pm.Potential("run_level_prior", pt.sum(
-        -(counts - 1.0) * pt.log(run_sd) - squares / (2.0 * run_sd**2))
-        + pt.sum((-0.5 * pt.log(total) - counts * (mean - mu) ** 2 / (2.0 * total))[between]))
+    within = pt.sum(-(counts - 1.0) * pt.log(run_sd) - squares / (2.0 * run_sd**2))
+    log_nodes, spacing = _config_sd_grid()
+    nodes = np.exp(log_nodes)
+    prior = pm.logp(pm.Gamma.dist(*CONFIG_SD_PRIOR), nodes) + log_nodes  # per unit log sd
+    total = run_sd**2 + counts[None, :] * nodes[:, None] ** 2  # node x config
+    between = pt.sum(-0.5 * pt.log(total) - counts * (mean - mu) ** 2 / (2.0 * total), axis=1)
+    trapezoid = np.full(CONFIG_SD_NODES, np.log(spacing))
+    trapezoid[[0, -1]] -= np.log(2.0)
+    log_mass = prior + between + trapezoid
+    pm.Potential("run_level_prior", within + pt.logsumexp(log_mass))
+    config_sd = _conditional_config_sd(log_mass, log_nodes, spacing)
     precision = counts / run_sd**2 + 1.0 / config_sd**2
     cond_mean = (counts * mean / run_sd**2 + mu / config_sd**2) / precision
     config_z = pm.Normal("config_z", 0.0, 1.0, dims="config")
-    return pm.Deterministic("config_log_median", cond_mean + config_z / pt.sqrt(precision),
-                            dims="config")
+    config_log_median = pm.Deterministic(
+        "config_log_median", cond_mean + config_z / pt.sqrt(precision), dims="config")
+    return config_log_median, config_sd
+
+
+def _conditional_config_sd(log_mass, log_nodes: np.ndarray, spacing: float):
+    """``config_sd`` drawn from its conditional (node masses ``log_mass``) by inverse CDF.
+
+    The mass of node j is spread uniformly over ``log_nodes[j] +- spacing / 2``; the uniform
+    variate is ``Phi(config_sd_z)`` of a standard normal that enters no likelihood, so the
+    joint draw of (levels, config_sd) has the right distribution.
+    """
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    config_sd_z = pm.Normal("config_sd_z", 0.0, 1.0)
+    uniform = 0.5 * pt.erfc(-config_sd_z / np.sqrt(2.0))
+    mass = pt.exp(log_mass - pt.logsumexp(log_mass))
+    cdf = pt.cumsum(mass)
+    cell = pt.minimum(pt.sum(pt.lt(cdf, uniform)), len(log_nodes) - 1)
+    below = pt.concatenate([pt.zeros(1), cdf])[cell]
+    fraction = pt.clip((uniform - below) / mass[cell], 0.0, 1.0)
+    log_sd = pt.as_tensor(log_nodes)[cell] + spacing * (fraction - 0.5)
+    return pm.Deterministic("config_sd", pt.exp(log_sd))
 
 
 def build_step(prepared, spec):
@@ -555,24 +612,21 @@ def build_step(prepared, spec):
         intra_bw = pm.Data("intra_bandwidth", d["intra_bandwidth"], dims="run")
         inter_bw = pm.Data("inter_bandwidth", d["inter_bandwidth"], dims="run")
 
-        if config_effects:
-            # boundary-avoiding Gamma(2, 40) (mean 0.05, mode 0.025): a structural formula
-            # never fits a new layout exactly, and with 2-3 measured layouts a prior with mass
-            # at 0 gives a funnel and forecasts as if it did
-            config_sd = pm.Gamma("config_sd", 2.0, 40.0)
         run_sd = pm.HalfNormal("run_sd", 0.02)
         marginal = config_effects and run_parameterisation != "noncentred"
+        if config_effects and not marginal:
+            config_sd = pm.Gamma("config_sd", *CONFIG_SD_PRIOR)
         reference_prior = pm.Normal.dist(float(d["prior_center"]), 0.5)
         if marginal:
             run_log_median = _anchored_run_levels(d)
-            # non-centred off the reference runs' mean: with the configuration level
-            # integrated out, that mean is N(reference_log_median, run_sd^2/n + config_sd^2)
-            n_ref = float(np.sum(d["config_idx"] == ref_config))
+            # anchored at the reference runs' mean, one unit = config_sd's prior mean (how far
+            # the structure may sit from a layout's level); its density is the reference
+            # layout's term of the integrated level prior (_marginal_config_levels)
             ref_mean = run_log_median[d["config_idx"] == ref_config].mean()
-            reference_z = pm.Normal("reference_z", 0.0, 1.0)
+            reference_z = pm.Flat("reference_z")
             reference_log_median = pm.Deterministic(
                 "reference_log_median",
-                ref_mean - pt.sqrt(run_sd**2 / n_ref + config_sd**2) * reference_z)
+                ref_mean - CONFIG_SD_PRIOR[0] / CONFIG_SD_PRIOR[1] * reference_z)
         else:
             # anchored at the reference runs' median (sampler jitter of +-1 is one scale unit)
             reference_offset = pm.Flat("reference_offset")
@@ -612,8 +666,8 @@ def build_step(prepared, spec):
                                          reference_log_median - pt.log(shape[ref]))
         structural = mb_log_median + pt.log(shape)
         if marginal:
-            location = _marginal_config_levels(d, run_log_median, structural, config_sd,
-                                               run_sd, ref_config)[config_idx]
+            location = _marginal_config_levels(d, run_log_median, structural,
+                                               run_sd)[0][config_idx]
         else:
             if config_effects:  # fully non-centred configuration and run levels
                 config_z = pm.Normal("config_z", 0.0, 1.0, dims="config")
