@@ -19,7 +19,9 @@ from bayesprism.errors import Problem, SpecError
 
 KINDS: tuple[str, ...] = ("kernel", "step")
 #: Residual distributions of one launch's log duration.
-LIKELIHOODS: tuple[str, ...] = ("lognormal", "student_t")
+LIKELIHOODS: tuple[str, ...] = ("lognormal", "student_t", "mixture")
+#: Likelihoods without sufficient statistics: fitted on rows (one term per launch).
+ROW_LIKELIHOODS: tuple[str, ...] = ("student_t", "mixture")
 #: Population families of standardised unit effects (see ``bayesprism.population``).
 POPULATIONS: tuple[str, ...] = ("normal", "student_t", "mixture")
 #: Variance-component levels of the kernel model.
@@ -36,6 +38,10 @@ DEFAULT_PRIORS: dict[str, float] = {
     "nu_rate": 0.1,  # Gamma(2, rate) prior on Student-t degrees of freedom (mean 20)
     "slow_weight_beta": 19.0,  # Beta(1, b) prior on the slow mixture weight (mean 5 %)
     "slow_shift_scale": 4.0,  # half-normal scale of the slow component's shift (in pop. sds)
+    # mixture residual: ε ~ (1 − w)·N(0, σ) + w·N(δ, √(σ² + τ²)), per class (log scale)
+    "resid_slow_weight_beta": 19.0,  # Beta(1, b) prior on w, the share of slow launches (5 %)
+    "resid_slow_shift": 0.5,  # half-normal scale of δ ≥ 0, the slow launches' log shift
+    "resid_slow_sd": 0.5,  # half-normal scale of τ, the slow launches' extra log sd
     "coll_latency_us": 10.0,  # prior median of the per-step collective latency
     "coll_bandwidth_gbps": 50.0,  # prior median of the bus bandwidth
     "coll_log_sd": 2.0,  # sd of log latency / log bandwidth around their medians
@@ -66,7 +72,10 @@ class ModelSpec:
         ``"kernel"`` (kernel-level hierarchical model) or ``"step"`` (step-time model).
     likelihood
         Residual of one launch's log duration: ``"lognormal"`` (Gaussian on the log scale, fitted
-        on exact sufficient statistics) or ``"student_t"`` (heavy-tailed, fitted on rows).
+        on exact sufficient statistics), ``"student_t"`` (heavy-tailed, fitted on rows; its
+        ``exp`` has no finite mean, so expected maxima of durations are infinite) or
+        ``"mixture"`` (two lognormal components, a core and a share of slow launches shifted
+        by δ ≥ 0 and wider, fitted on rows; finite moments).
     node_population, gpu_population
         Family of the standardised node / GPU effects: ``"normal"``, ``"student_t"`` or
         ``"mixture"`` (a slow component for degraded units).
@@ -180,6 +189,11 @@ class ModelSpec:
         if name not in DEFAULT_PRIORS:
             raise KeyError(f"unknown prior {name!r}")
         return float(self.priors.get(name, DEFAULT_PRIORS[name]))
+
+    @property
+    def fits_rows(self) -> bool:
+        """True when the residual has no sufficient statistics and is fitted on launches."""
+        return self.likelihood in ROW_LIKELIHOODS
 
     def population(self, level: str) -> str:
         """Population family of a level (levels other than node/GPU are normal)."""
@@ -317,7 +331,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
     "default": ModelSpec(),
     "robust": ModelSpec(
         name="robust",
-        likelihood="student_t",
+        likelihood="mixture",
         node_population="student_t",
         gpu_population="mixture",
     ),
@@ -329,6 +343,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
     ),
     "benchmark": ModelSpec(
         name="benchmark",
+        likelihood="mixture",
         levels=("cabinet", "node", "gpu", "step"),
         collective_model="none",
     ),

@@ -188,18 +188,39 @@ def predict_rows(
         n_cells = int(cell.max()) + 1 if n else 0
         loading = picker.take(_flat_samples(post["gpustep_scale"].sel(kernel_class=classes)))
         log_d += loading[:, class_codes] * rng.standard_normal((draws, n_cells))[:, cell]
-    resid = picker.take(_flat_samples(post["resid_scale"].sel(kernel_class=classes)))
-    if "resid_nu" in post:  # Student-t residual (robust spec)
-        nu = picker.take(
-            _flat_samples(
-                post["resid_nu"].broadcast_like(post["resid_scale"]).sel(kernel_class=classes)
-            )
-        )[:, class_codes]
-        noise = rng.standard_t(nu)
-    else:
-        noise = rng.standard_normal((draws, n))
-    log_d += resid[:, class_codes] * noise
+    log_d += _residual_draws(post, picker, classes, class_codes, rng)
     return np.exp(log_d), predictable
+
+
+def _residual_draws(
+    post: xr.Dataset,
+    picker: _DrawPicker,
+    classes: list[str],
+    class_codes: np.ndarray,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """One launch residual (log scale) per (draw, row) under the fitted residual distribution.
+
+    ``lognormal``: ``resid_scale·N(0, 1)``; ``student_t`` (``resid_nu`` present):
+    ``resid_scale·t(ν)``; ``mixture`` (``resid_slow_weight`` present): with probability
+    ``resid_slow_weight`` a slow launch ``N(resid_slow_shift, resid_slow_sd)``, else the core
+    ``N(0, resid_scale)``.
+    """
+
+    def per_row(name: str) -> np.ndarray:
+        da = post[name].broadcast_like(post["resid_scale"]).sel(kernel_class=classes)
+        return picker.take(_flat_samples(da))[:, class_codes]
+
+    scale = per_row("resid_scale")
+    if "resid_nu" in post:  # Student-t residual
+        return scale * rng.standard_t(per_row("resid_nu"))
+    residual = scale * rng.standard_normal(scale.shape)
+    if "resid_slow_weight" in post:  # two-component (slow-launch) residual
+        slow = rng.random(scale.shape) < per_row("resid_slow_weight")
+        slow_draws = (per_row("resid_slow_shift")
+                      + per_row("resid_slow_sd") * rng.standard_normal(scale.shape))
+        residual = np.where(slow, slow_draws, residual)
+    return residual
 
 
 def _layout_key(layout: dict) -> tuple:

@@ -60,9 +60,12 @@ Effective loadings
 A rank's compute mixes kernel classes with different loadings; per draw, each level's loading
 (node, GPU, step, GPU x step) is the work-weighted average of the class loadings (first order in
 their differences). The residuals of the rank's launches in one step are moment-matched by one
-lognormal factor: mean ``sum_k w_k e^{s_k^2/2} / sum_k w_k`` and relative variance
-``sum_k (w_k^2 / n_k) (e^{s_k^2}-1) e^{s_k^2} / (sum_k w_k e^{s_k^2/2})^2`` (``w_k`` work and
-``n_k`` launches of kernel k per step, ``s_k`` its class's ``resid_scale``).
+lognormal factor: mean ``sum_k w_k m_k / sum_k w_k`` and relative variance
+``sum_k (w_k^2 / n_k) v_k / (sum_k w_k m_k)^2`` (``w_k`` work and ``n_k`` launches of kernel k
+per step; ``m_k``, ``v_k`` mean and variance of one launch's residual factor ``exp(eps)`` of
+its class, :func:`residual_moments`: ``e^{s^2/2}`` and ``(e^{s^2}-1) e^{s^2}`` for the lognormal
+residual of sd ``s = resid_scale``, the closed-form mixture of two lognormals for the
+``mixture`` residual).
 """
 
 from __future__ import annotations
@@ -91,6 +94,67 @@ def flat_draws(da: xr.DataArray) -> np.ndarray:
     """(chain, draw, ...) -> (chain*draw, ...) in chain-major order."""
     rest = [d for d in da.dims if d not in ("chain", "draw")]
     return da.transpose("chain", "draw", *rest).to_numpy().reshape(-1, *da.shape[2:])
+
+
+#: Posterior variables of the slow component of a ``mixture`` residual (docs/artifacts.md).
+RESID_SLOW_VARS = ("resid_slow_weight", "resid_slow_shift", "resid_slow_sd")
+
+
+def residual_moments(
+    scale: np.ndarray, slow: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance of one launch's residual factor ``exp(eps)``, per draw.
+
+    Parameters
+    ----------
+    scale
+        ``resid_scale`` of the class (sd of the core, log scale), shape (D,).
+    slow
+        ``(weight, shift, slow_sd)`` of a ``mixture`` residual, each (D,), or None (lognormal):
+        ``eps ~ (1 - weight) N(0, scale) + weight N(shift, slow_sd)``.
+
+    Returns
+    -------
+    (mean, variance)
+        Closed form: a lognormal component of log mean ``m`` and sd ``s`` has mean
+        ``e^{m + s^2/2}`` and variance ``(e^{s^2} - 1) e^{2m + s^2}``; the mixture's variance is
+        the weighted within-component variances plus ``w (1 - w)`` times the squared
+        difference of the component means (no cancellation for small sds).
+    """
+    scale = np.asarray(scale, dtype=float)
+    core_mean = np.exp(0.5 * scale**2)
+    core_var = np.expm1(scale**2) * np.exp(scale**2)
+    if slow is None:
+        return core_mean, core_var
+    weight, shift, slow_sd = (np.asarray(v, dtype=float) for v in slow)
+    slow_mean = np.exp(shift + 0.5 * slow_sd**2)
+    slow_var = np.expm1(slow_sd**2) * np.exp(2.0 * shift + slow_sd**2)
+    mean = (1.0 - weight) * core_mean + weight * slow_mean
+    var = ((1.0 - weight) * core_var + weight * slow_var
+           + weight * (1.0 - weight) * (slow_mean - core_mean) ** 2)
+    return mean, var
+
+
+def _resid_slow(group: xr.Dataset) -> dict:
+    """Kernel class -> (weight, shift, slow_sd) draws of a ``mixture`` residual ({} otherwise).
+
+    Raises
+    ------
+    InputError
+        When only some of :data:`RESID_SLOW_VARS` are present (a damaged posterior).
+    """
+    present = [name for name in RESID_SLOW_VARS if name in group]
+    if not present:
+        return {}
+    if len(present) < len(RESID_SLOW_VARS):
+        missing = [name for name in RESID_SLOW_VARS if name not in group]
+        raise InputError(Problem("posterior", ", ".join(missing),
+                                 "a mixture residual needs all of " + ", ".join(RESID_SLOW_VARS),
+                                 example=present))
+    values = [flat_draws(group[name].transpose("chain", "draw", "kernel_class"))
+              for name in RESID_SLOW_VARS]
+    classes = group["resid_slow_weight"]["kernel_class"].to_numpy().astype(str)
+    return {c: tuple(v[:, i] for v in values) for i, c in enumerate(classes)}
 
 
 def _traced_plan(inventory: xr.Dataset) -> dict:
@@ -197,13 +261,14 @@ def _traced_gaps_us(
     class_names = (set(group["kernel_class"].to_numpy().astype(str))
                    if "kernel_class" in group.coords else set())
     mean_us = np.zeros((draws, names.size))
+    slow = _resid_slow(group)
     for k, (name, cls) in enumerate(zip(names, classes, strict=True)):
         if name in medians:
-            log_mean = flat_draws(group["kernel_log_median"].sel(kernel=name))
+            typical_us = np.exp(flat_draws(group["kernel_log_median"].sel(kernel=name)))
             if "resid_scale" in group and cls in class_names:
                 resid = flat_draws(group["resid_scale"].sel(kernel_class=cls))
-                log_mean = log_mean + 0.5 * resid**2
-            mean_us[:, k] = np.exp(log_mean)
+                typical_us = typical_us * residual_moments(resid, slow.get(cls))[0]
+            mean_us[:, k] = typical_us
         elif cls in modelled and "coll_latency_us" in group:
             size = float(inventory["group_size"].sel(kernel=name)) if (
                 "group_size" in inventory) else 2.0
@@ -258,6 +323,9 @@ class PosteriorArrays:
     coll_cost: dict  # (variable, collective, tier) -> (D,)
     coll_spread: dict  # (variable, collective) -> (D,): coll_noise, coll_congestion
     idle: IdleLaw
+    # kernel class -> (resid_slow_weight, resid_slow_shift, resid_slow_sd), each (D,): the slow
+    # component of a ``mixture`` residual (empty for other likelihoods)
+    resid_slow: dict = field(default_factory=dict)
 
 
 #: Extracted arrays per live posterior, keyed by ``id`` (the entry is dropped when the posterior
@@ -338,6 +406,7 @@ def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
             for i, c in enumerate(da["collective"].to_numpy().astype(str)):
                 coll_spread[(name, c)] = values[:, i]
     return PosteriorArrays(
+        resid_slow=_resid_slow(group),
         draws=int(group.sizes["chain"] * group.sizes["draw"]),
         traced=traced,
         modelled=frozenset(modelled),
@@ -429,6 +498,11 @@ def build_plan_model(
             return np.zeros(draws)
         return values
 
+    def resid_moments(cls: str) -> tuple[np.ndarray, np.ndarray]:
+        # typical: no variability at all, the slow component included
+        slow = None if typical else arrays.resid_slow.get(cls)
+        return residual_moments(class_scale("resid", cls), slow)
+
     tp0, pp0, cp0, m0 = traced["tp"], traced["pp"], traced["cp"], traced["microbatches"]
     tp, pp, cp, m = plan.tp, plan.pp, plan.cp, plan.microbatches
     shard = plan.dp * plan.cp if plan.sharding != "none" else 1
@@ -463,7 +537,7 @@ def build_plan_model(
             # a role's collectives vanish when the target drops a parallelism the trace had
             if role in ("tp", "cp", "ep", "pp") and getattr(plan, role) == 1 and traced[role] > 1:
                 continue
-            inflation = np.exp(0.5 * class_scale("resid", cls) ** 2)
+            inflation = resid_moments(cls)[0]
             fallback.append((cls, count * typical_us * inflation))
             fallback_names.append(str(name))
             continue
@@ -476,13 +550,13 @@ def build_plan_model(
             dur = typical_us * duration_factor
             fwd_bwd = fwd_bwd + launches[k] * typical_us * microbatch_factor
         work = n_step * dur
-        sd = class_scale("resid", cls)
+        factor_mean, factor_var = resid_moments(cls)
         weight_sum += work
         for level in LEVELS:
             loading_sums[level] += work * class_scale(level, cls)
-        mean_inflation += work * np.exp(0.5 * sd**2)
+        mean_inflation += work * factor_mean
         if n_step > 0:
-            var_sum += work**2 / n_step * np.expm1(sd**2) * np.exp(sd**2)
+            var_sum += work**2 / n_step * factor_var
     same_layout = all(getattr(plan, k) == traced[k] for k in ("dp", "tp", "pp", "cp", "ep"))
     if fallback_names and not same_layout and not typical:
         warnings.warn(

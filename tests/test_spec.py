@@ -23,8 +23,11 @@ def test_named_toml_files_equal_builtins(name):
 def test_named_specs_have_the_documented_shape():
     assert ModelSpec.load("step").kind == "step"
     robust = ModelSpec.load("robust")
-    assert robust.likelihood == "student_t" and robust.gpu_population == "mixture"
-    assert "cabinet" in ModelSpec.load("benchmark").levels
+    # robust and benchmark specs: slow launches / repeats in a two-component residual
+    assert robust.likelihood == "mixture" and robust.gpu_population == "mixture"
+    benchmark = ModelSpec.load("benchmark")
+    assert "cabinet" in benchmark.levels and benchmark.likelihood == "mixture"
+    assert ModelSpec.load("default").likelihood == "lognormal"
 
 
 def test_builtin_fallback_when_models_folder_is_missing(monkeypatch, tmp_path):
@@ -55,7 +58,8 @@ def test_unknown_values_list_the_allowed_ones():
     with pytest.raises(SpecError) as err:
         ModelSpec(likelihood="cauchy", node_population="pareto", levels=("rack",))
     text = str(err.value)
-    assert "likelihood: unknown value; allowed: lognormal, student_t, e.g. 'cauchy'" in text
+    assert ("likelihood: unknown value; allowed: lognormal, student_t, mixture, e.g. 'cauchy'"
+            in text)
     assert "node_population: unknown value; allowed: normal, student_t, mixture" in text
     assert "levels: unknown value; allowed: node, gpu, step, gpustep, cabinet, e.g. 'rack'" in text
 
@@ -80,3 +84,15 @@ def test_unknown_name_and_bad_toml(tmp_path):
         ModelSpec.load(path)
     with pytest.raises(SpecError, match="spec file not found"):
         ModelSpec.load(tmp_path / "missing.toml")
+
+
+def test_mixture_residual_is_fitted_on_rows_with_its_own_priors():
+    spec = ModelSpec(likelihood="mixture", priors={"resid_slow_shift": 1.0})
+    assert spec.fits_rows and ModelSpec(likelihood="student_t").fits_rows
+    assert not ModelSpec().fits_rows
+    assert spec.prior("resid_slow_shift") == 1.0
+    assert spec.prior("resid_slow_sd") == 0.5
+    assert spec.prior("resid_slow_weight_beta") == 19.0  # Beta(1, 19): 5 % slow launches
+    assert ModelSpec.from_dict(spec.to_dict()) == spec
+    with pytest.raises(SpecError, match=r"priors.resid_slow_sd: must be a positive number"):
+        ModelSpec(likelihood="mixture", priors={"resid_slow_sd": 0.0})

@@ -317,3 +317,52 @@ def test_rank_step_times_from_the_rank_span_or_from_the_step_start_on_its_node()
     held, fitted = table[table["rank"] != 0], table[table["rank"] == 0]
     # rank 1's step starts at rank 0's first kernel (same node); rank 2's node has no other rank
     np.testing.assert_allclose(rank_step_times(held, others=fitted), [34e-6, 15e-6])
+
+
+# -- two-component (slow-launch) residual ------------------------------------------------------
+
+
+def mixture_posterior(table, scale=0.02, weight=0.2, shift=0.7, slow_sd=0.1) -> xr.DataTree:
+    """The pooled baseline of ``table`` with a mixture residual of known parameters."""
+    tree = degenerate_posterior(table, "pooled")
+    post = tree["posterior"].to_dataset()
+    dims, shape = post["resid_scale"].dims, post["resid_scale"].shape
+    post["resid_scale"] = (dims, np.full(shape, scale))
+    for name, value in (("resid_slow_weight", weight), ("resid_slow_shift", shift),
+                        ("resid_slow_sd", slow_sd)):
+        post[name] = (dims, np.full(shape, value))
+    tree["posterior"] = post
+    return tree
+
+
+def test_mixture_residual_predictions_draw_the_fitted_share_of_slow_launches(kernel_table):
+    tree = mixture_posterior(kernel_table)
+    rows = kernel_table.loc[kernel_table["kernel"] == "gemm_b"].head(4)
+    pred, ok = predict_rows(tree, rows, draws=50_000, rng=np.random.default_rng(3))
+    assert ok.all()
+    mu = tree["posterior"]["kernel_log_median"].sel(kernel="gemm_b").item()
+    eps = np.log(pred) - mu
+    slow = eps > 0.35  # 17 core sds above, 3.5 slow sds below the slow mean
+    assert slow.mean() == pytest.approx(0.2, abs=0.005)
+    assert eps[slow].mean() == pytest.approx(0.7, abs=0.005)
+    assert eps[slow].std() == pytest.approx(0.1, rel=0.03)
+    assert eps[~slow].std() == pytest.approx(0.02, rel=0.03)
+
+
+def test_slowest_of_k_under_a_mixture_residual_is_the_finite_expected_maximum(kernel_table):
+    from scipy import integrate, stats
+
+    rows = kernel_table.loc[kernel_table["kernel"] == "gemm_b"]
+    tree = mixture_posterior(rows)
+    mu = tree["posterior"]["kernel_log_median"].sel(kernel="gemm_b").item()
+    predicted = predicted_slowest(tree, rows, [16], draws=20_000, rng=np.random.default_rng(5))
+
+    def cdf(log_d):  # of one run's log duration
+        return (0.8 * stats.norm.cdf(log_d, mu, 0.02)
+                + 0.2 * stats.norm.cdf(log_d, mu + 0.7, 0.1))
+
+    # E[max] = ∫ P(max > d) dd over durations, here in log duration: ∫ (1 - F^16) e^x dx
+    tail, _ = integrate.quad(lambda x: (1 - cdf(x) ** 16) * np.exp(x), mu - 1, mu + 2,
+                             points=[mu, mu + 0.7])
+    expected = np.exp(mu - 1) + tail
+    assert predicted[16].mean() == pytest.approx(expected, rel=0.01)
