@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytensor
 import pytest
 from scipy import stats
 
@@ -99,6 +100,63 @@ def test_integrated_gpustep_effects_equal_the_multivariate_normal():
             cov = np.diag(resid[c] ** 2) + np.outer(lam[c], lam[c])
             expected += stats.multivariate_normal(a[k], cov).logpdf(np.log(rows["duration_us"]))
         assert float(lik(point)) == pytest.approx(expected, rel=1e-10)
+
+
+def _ragged(table: pd.DataFrame, kind: str) -> pd.DataFrame:
+    if kind == "missing blocks":  # some GPUs miss some steps: empty blocks in the grid
+        keep = ~((table["gpu"] == 1) & (table["step"] % 2 == 0))
+    elif kind == "dropped launches":  # launch counts differ between blocks
+        keep = np.random.default_rng(3).random(len(table)) > 0.3
+    else:
+        keep = np.ones(len(table), dtype=bool)
+    return table[keep].reset_index(drop=True)
+
+
+@pytest.mark.parametrize(("kind", "levels"), [
+    ("complete", ("node", "gpu", "step")),
+    ("missing blocks", ("node", "gpu", "step")),
+    ("dropped launches", ("node", "gpu", "step")),
+    ("missing blocks", ("node", "gpu", "step", "gpustep")),
+])
+def test_block_layouts_give_the_same_likelihood(small_table, kind, levels, monkeypatch):
+    """Blocks as a padded (GPU × step) grid or one per GPU-step, launch counts by pattern or
+    dense: the same exact likelihood (and, without GPU×step effects, that of the launches)."""
+    import bayesprism.model.kernel as kernel_module
+
+    table = _ragged(small_table, kind)
+    spec = ModelSpec(levels=levels)
+    prepared = prepare_kernel([table], spec, keep_rows=True)
+    grid_model = build_kernel(prepared, spec)
+    padded = len(grid_model.coords["block"]) > len(prepared.coords["gpustep"])
+    assert padded == (kind == "missing blocks")
+    assert ("count_pattern" in grid_model.coords) == (kind == "missing blocks")
+    assert ("launch_count" in grid_model.named_vars) == (kind == "dropped launches")
+    monkeypatch.setattr(kernel_module, "GRID_PADDING", 0.0)
+    row_layout = build_kernel(prepared, spec)
+    assert len(row_layout.coords["block"]) == len(prepared.coords["gpustep"])
+    models = [grid_model, row_layout]
+    if "gpustep" not in levels:
+        models.append(build_kernel(prepared, spec, rows=True))  # launches, the reference
+
+    # the Python VM compiles at once but cannot run the fused GPU×step term; JAX can
+    mode = "JAX" if "gpustep" in levels else "FAST_COMPILE"
+
+    def logp_and_grad(model):
+        logp = model.logp()
+        return model.compile_fn([logp, *pytensor.grad(logp, model.value_vars)], mode=mode,
+                                point_fn=True)
+
+    functions = [logp_and_grad(m) for m in models]
+    rng = np.random.default_rng(2)
+    start = grid_model.initial_point()
+    for _ in range(2):
+        point = {k: v + rng.normal(scale=0.3, size=np.shape(v)) for k, v in start.items()}
+        reference = [np.asarray(x) for x in functions[0](point)]
+        for function in functions[1:]:
+            values = [np.asarray(x) for x in function(point)]
+            assert values[0] == pytest.approx(reference[0], rel=1e-12, abs=1e-8)
+            for got, want in zip(values[1:], reference[1:], strict=True):
+                assert np.allclose(got, want, rtol=1e-9, atol=1e-8)
 
 
 # ---------------------------------------------------------------- input checks
@@ -329,8 +387,8 @@ def test_full_recovery_of_variance_components_and_degraded_node(population):
     assert float((log_slowdown.argmax("node") == 5).mean()) > 0.9
 
 
-def test_robust_spec_fits_rows_with_student_t_residual(small_table):
-    spec = ModelSpec.load("robust")
+def test_student_t_spec_fits_rows_with_student_t_residual(small_table):
+    spec = ModelSpec(likelihood="student_t", gpu_population="mixture")
     prepared = prepare([small_table], spec)
     assert prepared.attrs["gpustep"] == "sampled"
     assert prepared.attrs["gpu_population"] == "mixture"
@@ -339,3 +397,117 @@ def test_robust_spec_fits_rows_with_student_t_residual(small_table):
     assert {"resid_nu", "gpustep_z", "gpu_slow_weight", "gpu_slow_shift", "node_nu"} <= names
     assert model["log_duration"].owner is not None
     assert np.isfinite(model.compile_logp()(model.initial_point()))
+
+
+# ---------------------------------------------------------------- two-component residual
+def mixture_model(table, **spec_fields):
+    """The mixture-residual model of ``table`` on rows (prepared and built explicitly)."""
+    spec = ModelSpec(likelihood="mixture", collective_model="none", **spec_fields)
+    return build_kernel(prepare_kernel([table], spec, keep_rows=True), spec, rows=True)
+
+
+def test_mixture_row_likelihood_is_the_two_component_density():
+    # whole µs (a Kineto timer) add the rounding variance (1 µs / d)² / 12 to both components
+    durations = np.array([100.0, 101.0, 99.0, 150.0, 98.0, 210.0])
+    resolution = 1.0
+    table = pd.DataFrame({
+        "run": "r0", "step": np.arange(6), "rank": 0, "node": "n0", "gpu": 0,
+        "kernel": "gemm_a", "kernel_class": "gemm", "duration_us": durations,
+    })
+    model = mixture_model(table, levels=())
+    names = set(model.named_vars)
+    assert {"resid_slow_weight", "resid_slow_shift", "resid_slow_extra", "resid_slow_sd"} <= names
+    point = model.initial_point()
+    point.update({
+        "kernel_log_median_coef": np.array([0.01]),
+        "resid_scale_log__": np.log([0.05]),
+        "resid_slow_weight_logodds__": np.log([0.2 / 0.8]),
+        "resid_slow_shift_log__": np.log([0.4]),
+        "resid_slow_extra_log__": np.log([0.3]),
+    })
+    logp = model.compile_logp(vars=[model["log_duration"]])(point)
+    # one kernel, no levels: mu = the kernel's mean log duration + its basis coefficient
+    y = np.log(durations)
+    mu = y.mean() + 0.01
+    rounding = (resolution / durations) ** 2 / 12
+    core_sd = np.sqrt(0.05**2 + rounding)
+    slow_sd = np.sqrt(0.05**2 + 0.3**2 + rounding)
+    expected = np.logaddexp(np.log(0.8) + stats.norm.logpdf(y, mu, core_sd),
+                            np.log(0.2) + stats.norm.logpdf(y, mu + 0.4, slow_sd))
+    assert float(logp) == pytest.approx(expected.sum(), rel=1e-9)
+
+
+def test_timer_resolution_is_the_coarsest_grid_of_the_durations():
+    from bayesprism.model.kernel import timer_resolution
+
+    assert timer_resolution(np.exp(np.log([1.0, 2.0, 3.0, 163539.0]))) == 1.0
+    assert timer_resolution([163539.084, 2.5]) == 0.001
+    assert timer_resolution([1.5, 2.25]) == 0.01
+    assert timer_resolution([1.23456789, 2.0]) == 0.0
+
+
+def test_mixture_spec_is_fitted_on_rows_through_the_public_path(small_table):
+    spec = ModelSpec.load("robust")  # a mixture residual
+    prepared = prepare([small_table], spec)
+    assert prepared.attrs["gpustep"] == "sampled"
+    names = set(build(prepared, spec).named_vars)
+    assert {"resid_slow_weight", "resid_slow_shift", "resid_slow_sd", "gpustep_z"} <= names
+
+
+def slow_launch_trace(weight: float, seed: int = 3):
+    """:func:`simulate_trace` (core residual sd 0.05) with a share ``weight`` of launches slowed
+    by exp(N(0.4, 0.15)); also the realised slow component per class (share of slow launches,
+    mean of their shifts, sd of their residuals: √(0.05² + variance of the shifts))."""
+    table, _ = simulate_trace(nodes=4, gpus=4, steps=6, launches=5, seed=seed, resid=0.05)
+    rng = np.random.default_rng(seed + 100)
+    slow = rng.random(len(table)) < weight
+    shift = 0.4 + 0.15 * rng.standard_normal(len(table))
+    table["duration_us"] *= np.exp(slow * shift)
+    frame = pd.DataFrame({"cls": table["kernel_class"].astype(str).to_numpy(), "slow": slow,
+                          "shift": np.where(slow, shift, np.nan)})
+    by_class = frame.groupby("cls")
+    realised = pd.DataFrame({"resid_slow_weight": by_class["slow"].mean(),
+                             "resid_slow_shift": by_class["shift"].mean(),
+                             "resid_slow_sd": np.sqrt(0.05**2 + by_class["shift"].var())})
+    return table, realised
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weight", [0.1, 0.0])
+def test_mixture_residual_recovers_the_slow_component_and_mixes(weight):
+    import arviz as az
+    import nutpie
+
+    from bayesprism.inference import _compiled_nutpie
+    from bayesprism.workload import residual_moments
+
+    table, realised = slow_launch_trace(weight)
+    model = mixture_model(table)
+    fit = nutpie.sample(_compiled_nutpie(model, None), draws=500, tune=500, chains=2, cores=2,
+                        seed=4, progress_bar=False)
+    names = ["resid_scale", "resid_slow_weight", "resid_slow_shift", "resid_slow_sd"]
+    summary = az.summary(fit, var_names=names, round_to="none")
+    assert int(fit.sample_stats["diverging"].sum()) == 0
+    assert summary["r_hat"].max() < 1.01
+    assert summary["ess_bulk"].min() > 200
+    post = fit.posterior
+
+    def interval(values):  # 99 %: a dozen intervals are checked
+        return np.quantile(values, [0.005, 0.995], axis=(0, 1))
+
+    realised = realised.reindex(post["kernel_class"].to_numpy())
+    for name in names:
+        if weight == 0.0 and name != "resid_scale":
+            continue
+        truth = 0.05 if name == "resid_scale" else realised[name].to_numpy()
+        lo, hi = interval(post[name])
+        assert (lo < truth).all() and (truth < hi).all(), (name, lo, hi)
+    # what forecasts use, the mean and sd of a launch's factor exp(eps), is the truth's
+    slow = None if weight == 0.0 else (weight, 0.4, np.hypot(0.05, 0.15))
+    true_mean, true_var = residual_moments(np.array(0.05), slow)
+    mean, var = residual_moments(post["resid_scale"].to_numpy(),
+                                 tuple(post[n].to_numpy() for n in names[1:]))
+    lo, hi = interval(mean)
+    assert (lo < true_mean).all() and (true_mean < hi).all(), ("mean", lo, hi)
+    lo, hi = interval(np.sqrt(var))
+    assert (lo < np.sqrt(true_var)).all() and (np.sqrt(true_var) < hi).all(), ("sd", lo, hi)

@@ -13,7 +13,8 @@ Fitting choices (measured, see the benchmark and tests):
   z_(g,s) (one per GPU-step, shared by all its kernels) are integrated out in closed form
   (rank-one Gaussian update per GPU-step). Cost grows with cells, parameters do not grow with
   GPU-steps. The result equals the row likelihood exactly (test_kernel_model).
-* Student-t residual: no sufficient statistics exist, so rows are used and z_(g,s) is sampled.
+* Student-t or two-component (slow-launch mixture) residual: no sufficient statistics exist,
+  so rows are used and z_(g,s) is sampled.
 * Unit effects (node, gpu, step, cabinet): the likelihood sees them centred within their group
   (cabinets globally; nodes within cabinet when cabinets are given, else globally; GPUs within
   node; steps within run), so the location direction is prior-only and never forms a ridge
@@ -50,8 +51,10 @@ UNIT_LEVELS = ("cabinet", "node", "gpu", "step")
 #: matrix product, and the largest such matrix.
 DENSE_FILL = 0.25
 DENSE_MAX = 20_000_000
-#: Largest table the row-level (Student-t) likelihood accepts.
-MAX_ROWS_STUDENT_T = 2_000_000
+#: Largest (GPUs × steps) / GPU-steps ratio for which blocks are laid out as a full grid.
+GRID_PADDING = 2.0
+#: Largest table the row-level (Student-t, mixture) likelihoods accept.
+MAX_ROWS = 2_000_000
 
 
 # ----------------------------------------------------------------------------- preparation
@@ -307,6 +310,7 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
 
     # Which unit levels can be fitted (at least two units to compare).
     unit_of_gs: dict[str, np.ndarray] = {}
+    unit_of_gpu: dict[str, np.ndarray] = {}  # persistent levels
     units: dict[str, list[str]] = {}
     group_of_unit: dict[str, np.ndarray] = {}
     fitted: list[str] = []
@@ -316,7 +320,7 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
                 notes.append("node level dropped: fewer than 2 nodes")
                 continue
             units[level] = [node_labels[i] for i in node_ids]
-            unit_of_gs[level] = node_of_gpu[gs_gpu]
+            unit_of_gpu[level] = node_of_gpu
             group_of_unit[level] = np.zeros(len(node_ids), dtype=np.int64)
         elif level == "gpu":
             per_node = np.bincount(node_of_gpu)
@@ -325,7 +329,7 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
                 continue
             units[level] = [f"{node_labels[n]}/{g}" for n, g in zip(gpu_node, gpu_local,
                                                                      strict=True)]
-            unit_of_gs[level] = gs_gpu
+            unit_of_gpu[level] = np.arange(len(gpu_keys))
             group_of_unit[level] = node_of_gpu
         elif level == "step":
             if (np.bincount(step_run) < 2).all():
@@ -341,7 +345,7 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
                 continue
             cab_codes, cab_labels = cab
             units[level] = cab_labels
-            unit_of_gs[level] = cab_codes[node_of_gpu[gs_gpu]]
+            unit_of_gpu[level] = cab_codes[node_of_gpu]
             group_of_unit[level] = np.zeros(len(cab_labels), dtype=np.int64)
         elif level == "gpustep" and len(gs_keys) < 2:
             notes.append("gpustep level dropped: a single GPU-step")
@@ -353,6 +357,8 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
                          "transient GPU×step effects cannot be told from persistent GPU effects")
             continue
         fitted.append(level)
+        if level in unit_of_gpu:
+            unit_of_gs[level] = unit_of_gpu[level][gs_gpu]
     if "cabinet" in units and "node" in units:
         # Nodes nest in cabinets: otherwise a cabinet's effect and the mean of its nodes'
         # effects form a ridge only the priors split (measured on PAL: divergences, R-hat 1.02).
@@ -394,15 +400,20 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
         "cell_dev": cell_dev, "block_n": block_n, "block_dev": block_dev,
         "class_q": class_q, "class_n": class_n, "launches_per_class": launches_per_class,
     })
+    # The likelihood adds per-GPU and per-step effect sums (small gathers) rather than
+    # gathering every level to the GPU-steps.
+    data["gpustep_gpu"], data["gpustep_step"] = gs_gpu, gs_step
     for level in units:
         data[f"{level}_of_gpustep"] = unit_of_gs[level]
         data[f"{level}_group"] = group_of_unit[level]
-    if spec.likelihood == "student_t" or keep_rows:
-        if spec.likelihood == "student_t" and y.size > MAX_ROWS_STUDENT_T:
+        if level in unit_of_gpu:
+            data[f"{level}_of_gpu"] = unit_of_gpu[level]
+    if spec.fits_rows or keep_rows:
+        if spec.fits_rows and y.size > MAX_ROWS:
             raise InputError(Problem(
                 "tables", "duration_us",
-                f"the student_t residual is fitted on rows and accepts at most "
-                f"{MAX_ROWS_STUDENT_T} launches; use the default (lognormal) spec", int(y.size)))
+                f"the {spec.likelihood} residual is fitted on rows and accepts at most "
+                f"{MAX_ROWS} launches; use the default (lognormal) spec", int(y.size)))
         coords["row"] = list(range(y.size))
         data.update({"row_kernel": kernel_codes, "row_gpustep": gs_codes, "row_log_duration": y})
 
@@ -501,11 +512,11 @@ def build_kernel(prepared: PreparedData, spec: ModelSpec, rows: bool = False):
 
     ``rows=True`` writes the Gaussian likelihood per launch with the GPU×step effects sampled
     (the reference the collapsed cell likelihood is checked and benchmarked against; needs
-    ``prepare_kernel(..., keep_rows=True)``). The Student-t residual always uses rows.
+    ``prepare_kernel(..., keep_rows=True)``). The Student-t and mixture residuals always use rows.
     """
     import pymc as pm
 
-    if (rows or spec.likelihood == "student_t") and "row" not in prepared.coords:
+    if (rows or spec.fits_rows) and "row" not in prepared.coords:
         raise ValueError("row-level likelihood needs prepare_kernel(..., keep_rows=True)")
     with pm.Model(coords=prepared.coords) as model:
         if "kernel" in prepared.coords:
@@ -577,14 +588,22 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     a_free = _kernel_baselines(d["kernel_mean"], cls, n_classes, spec)
     resid = pm.HalfNormal("resid_scale", spec.prior("resid_scale"), dims="kernel_class")
 
-    beta = pt.zeros((n_gs, n_classes))
+    # Persistent levels (cabinet, node, GPU) summed per GPU, steps per step unit: the
+    # GPU-steps then need one (GPU, step) broadcast, not a gather per level (a gather's
+    # gradient is a scatter-add over every GPU-step, which dominated the JAX gradient).
+    n_gpu, n_step = int(d["gpustep_gpu"].max()) + 1, int(d["gpustep_step"].max()) + 1
+    gpu_part = pt.zeros((n_gpu, n_classes))
+    step_part = pt.zeros((n_step, n_classes))
     shift = pt.zeros(len(cls))
     for level in attrs["levels"]:
         if level == "gpustep":
             continue
         loading, effect, centred = unit_level(level, prepared, spec)
-        unit_of_gs = pm.Data(f"{level}_of_gpustep", d[f"{level}_of_gpustep"], dims="gpustep")
-        beta = beta + centred[unit_of_gs][:, None] * loading[None, :]
+        pm.Data(f"{level}_of_gpustep", d[f"{level}_of_gpustep"], dims="gpustep")
+        if level == "step":
+            step_part = step_part + centred[:, None] * loading[None, :]
+        else:
+            gpu_part = gpu_part + centred[d[f"{level}_of_gpu"]][:, None] * loading[None, :]
         if level in ("node", "cabinet"):
             shift = shift + loading[cls] * pt.mean(effect)
     pm.Deterministic("kernel_log_median", a_free - shift, dims="kernel")
@@ -593,28 +612,60 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
         gpustep = class_scales(
             "gpustep", pm.HalfNormal("gpustep_scale_ref", spec.prior("level_scale")), prepared)
 
-    if rows or spec.likelihood == "student_t":
+    if rows or spec.fits_rows:
+        beta = gpu_part[d["gpustep_gpu"]] + step_part[d["gpustep_step"]]
         _row_likelihood(prepared, spec, a_free, beta, resid, gpustep)
         return
-    # Exact collapsed Gaussian likelihood (module docstring).
-    delta = d["kernel_mean"] - a_free
-    block_dev = pm.Data("block_dev_log", d["block_dev"], dims=("gpustep", "kernel_class"))
-    block_n = pm.Data("block_n", d["block_n"], dims=("gpustep", "kernel_class"))
-    n_kernels = len(cls)
-    if len(d["cell_n"]) >= DENSE_FILL * n_gs * n_kernels and n_gs * n_kernels <= DENSE_MAX:
-        # Most GPU-steps run most kernels: one dense (GPU-step × kernel) matrix product is far
-        # cheaper than a scatter over cells, and so is its gradient.
-        counts = np.zeros((n_gs, n_kernels))
-        counts[d["cell_gpustep"], d["cell_kernel"]] = d["cell_n"]
-        counts = pm.Data("launch_count", counts, dims=("gpustep", "kernel"))
-        onehot = np.eye(n_classes)[cls]
-        r0 = block_dev + pt.dot(counts, delta[:, None] * onehot)
+    # Exact collapsed Gaussian likelihood (module docstring), on blocks laid out as a
+    # (GPU × step) grid when GPU-steps fill most of it (absent blocks count zero launches and
+    # add nothing), else one row per GPU-step.
+    position = d["gpustep_gpu"] * n_step + d["gpustep_step"]
+    grid = n_gpu * n_step <= GRID_PADDING * n_gs
+    n_blocks = n_gpu * n_step if grid else n_gs
+    if grid:
+        beta = (gpu_part[:, None, :] + step_part[None, :, :]).reshape((n_blocks, n_classes))
     else:
-        flat_block = pm.Data("cell_block", d["cell_gpustep"] * n_classes + cls[d["cell_kernel"]],
-                             dims="cell")
+        position = np.arange(n_gs)
+        beta = gpu_part[d["gpustep_gpu"]] + step_part[d["gpustep_step"]]
+    pm.modelcontext(None).add_coord("block", list(range(n_blocks)))
+
+    def blocks(values: np.ndarray) -> np.ndarray:
+        out = np.zeros((n_blocks, *values.shape[1:]))
+        out[position] = values
+        return out
+
+    delta = d["kernel_mean"] - a_free
+    block_dev = pm.Data("block_dev_log", blocks(d["block_dev"]), dims=("block", "kernel_class"))
+    block_n = pm.Data("block_n", blocks(d["block_n"]), dims=("block", "kernel_class"))
+    n_kernels = len(cls)
+    if len(d["cell_n"]) >= DENSE_FILL * n_blocks * n_kernels and \
+            n_blocks * n_kernels <= DENSE_MAX:
+        counts = np.zeros((n_blocks, n_kernels))
+        counts[position[d["cell_gpustep"]], d["cell_kernel"]] = d["cell_n"]
+        class_delta = delta[:, None] * np.eye(n_classes)[cls]  # (kernel, kernel_class)
+        # Training steps repeat the same kernels: blocks share a few launch-count patterns,
+        # and a product with the patterns replaces the (block × kernel) product (measured:
+        # half the gradient time on the fit benchmark).
+        patterns, pattern_of_block = np.unique(counts, axis=0, return_inverse=True)
+        if len(patterns) == 1:
+            r0 = block_dev + pt.dot(patterns[0], class_delta)[None, :]
+        elif 2 * len(patterns) <= n_kernels:
+            pm.modelcontext(None).add_coord("count_pattern", list(range(len(patterns))))
+            member = pm.Data("block_count_pattern",
+                             np.eye(len(patterns))[pattern_of_block.ravel()],
+                             dims=("block", "count_pattern"))
+            r0 = block_dev + pt.dot(member, pt.dot(patterns, class_delta))
+        else:
+            # Most blocks run most kernels: one dense (block × kernel) matrix product is far
+            # cheaper than a scatter over cells, and so is its gradient.
+            counts = pm.Data("launch_count", counts, dims=("block", "kernel"))
+            r0 = block_dev + pt.dot(counts, class_delta)
+    else:
+        flat_block = pm.Data("cell_block", position[d["cell_gpustep"]] * n_classes
+                             + cls[d["cell_kernel"]], dims="cell")
         r0 = block_dev + segment_sum(
-            cell_n * delta[cell_kernel], flat_block, n_gs * n_classes
-        ).reshape((n_gs, n_classes))
+            cell_n * delta[cell_kernel], flat_block, n_blocks * n_classes
+        ).reshape((n_blocks, n_classes))
     quad = (
         d["class_q"]
         + segment_sum(d["kernel_n"] * delta**2, cls, n_classes)
@@ -644,6 +695,9 @@ def _row_likelihood(prepared, spec, a_free, beta, resid, gpustep) -> None:
     if gpustep is not None:
         z = pm.Normal("gpustep_z", 0.0, 1.0, dims="gpustep")
         mu = mu + gpustep[c] * z[gs]
+    if spec.likelihood == "mixture":
+        _mixture_likelihood(spec, mu, resid, c, d["row_log_duration"])
+        return
     if spec.likelihood == "lognormal":
         pm.Normal("log_duration", mu=mu, sigma=resid[c], observed=d["row_log_duration"],
                   dims="row")
@@ -652,6 +706,69 @@ def _row_likelihood(prepared, spec, a_free, beta, resid, gpustep) -> None:
     nu = pm.Deterministic("resid_nu", 1.0 + nu_excess, dims="kernel_class")
     pm.StudentT("log_duration", nu=nu[c], mu=mu, sigma=resid[c],
                 observed=d["row_log_duration"], dims="row")
+
+
+def _mixture_likelihood(spec: ModelSpec, mu, resid, row_class, observed: np.ndarray) -> None:
+    """Two-component residual per class: ε ~ (1 − w)·N(0, σ) + w·N(δ, √(σ² + τ²)).
+
+    The slow component is ordered after the core twice over (δ ≥ 0 and an sd ≥ σ) and its
+    weight has a Beta(1, b) prior with a small mean, so the labels cannot switch; with no slow
+    launches in the data the posterior of w piles up at 0 and δ, τ fall back to their priors.
+    Both components are lognormal in duration, so every moment of a duration is finite
+    (expected maxima of many launches stay finite, unlike the Student-t residual's).
+
+    Durations recorded at a timer resolution q (Kineto: whole µs) are rounded: each component
+    gets the rounding variance (q/d)²/12 of the row's log duration added (Sheppard). Without
+    it a component collapses onto the repeated value of a short kernel (σ → 0, unbounded
+    density; measured on the DLRM traces: memcpy σ = 4e-9, step size 3e-4, R-hat 3).
+    """
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    weight = pm.Beta("resid_slow_weight", 1.0, spec.prior("resid_slow_weight_beta"),
+                     dims="kernel_class")
+    shift = pm.HalfNormal("resid_slow_shift", spec.prior("resid_slow_shift"), dims="kernel_class")
+    extra = pm.HalfNormal("resid_slow_extra", spec.prior("resid_slow_sd"), dims="kernel_class")
+    slow_sd = pm.Deterministic("resid_slow_sd", pt.sqrt(resid**2 + extra**2),
+                               dims="kernel_class")
+    durations = np.exp(observed)
+    rounding = pm.Data("row_rounding_var", (timer_resolution(durations) / durations) ** 2 / 12.0,
+                       dims="row")
+    w = weight[row_class]
+    pm.NormalMixture(
+        "log_duration",
+        w=pt.stack([1.0 - w, w], axis=-1),
+        mu=pt.stack([mu, mu + shift[row_class]], axis=-1),
+        sigma=pt.stack([pt.sqrt(resid[row_class] ** 2 + rounding),
+                        pt.sqrt(slow_sd[row_class] ** 2 + rounding)], axis=-1),
+        observed=observed,
+        dims="row",
+    )
+
+
+#: Timer resolutions (µs) recognised in recorded durations, coarsest first.
+RESOLUTIONS_US = (1.0, 0.1, 0.01, 0.001)
+
+
+def timer_resolution(duration_us: np.ndarray) -> float:
+    """The coarsest of :data:`RESOLUTIONS_US` every duration is a whole multiple of (else 0).
+
+    Parameters
+    ----------
+    duration_us
+        Recorded durations (µs), possibly through ``exp(log(d))`` (round-off tolerated).
+
+    Returns
+    -------
+    float
+        The resolution in µs, 0.0 when the durations are on no such grid.
+    """
+    d = np.asarray(duration_us, dtype=float)
+    for q in RESOLUTIONS_US:
+        k = d / q
+        if np.all(np.abs(k - np.round(k)) <= 1e-6 + 1e-12 * k):
+            return q
+    return 0.0
 
 
 def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
