@@ -19,6 +19,7 @@ import pandas as pd
 import xarray as xr
 
 from bayesprism.predictive_checks import cell_predictive_check, step_time_check
+from bayesprism.workload import RESID_SLOW_VARS
 
 SAMPLE_DIMS = ("chain", "draw")
 #: Levels of the kernel model with a per-class loading ``{level}_scale``; order used in tables.
@@ -377,8 +378,27 @@ def _quantile_columns(da: xr.DataArray, keep: list[str]) -> pd.DataFrame:
     return frame
 
 
+def residual_log_sd(post: xr.Dataset) -> xr.DataArray:
+    """Per-class sd of one launch's log residual, per draw.
+
+    ``resid_scale`` for a lognormal residual; for a two-component residual
+    (``resid_slow_weight`` present, eps ~ (1 − w)·N(0, σ) + w·N(δ, s)) the mixture's sd
+    ``√((1 − w)σ² + w·s² + w(1 − w)δ²)``, so the slow launches count in the variance shares.
+    (A Student-t residual's sd is ``resid_scale``·√(ν/(ν − 2)), infinite for ν ≤ 2; its
+    ``resid_scale`` is reported as the loading.)
+    """
+    sigma = post["resid_scale"]
+    if "resid_slow_weight" not in post:
+        return sigma
+    w, shift, slow_sd = (post[name] for name in RESID_SLOW_VARS)
+    return np.sqrt((1 - w) * sigma**2 + w * slow_sd**2 + w * (1 - w) * shift**2)
+
+
 def variance_components(posterior: xr.DataTree) -> pd.DataFrame:
     """Posterior quantiles of every per-class loading ``{level}_scale`` (log-scale sd).
+
+    The ``resid`` loading is the residual's log-scale sd (:func:`residual_log_sd`: with a
+    two-component residual it includes the slow launches, not only the core ``resid_scale``).
 
     Returns
     -------
@@ -407,7 +427,10 @@ def variance_components(posterior: xr.DataTree) -> pd.DataFrame:
     ]
     if not levels:
         return pd.DataFrame(columns=columns)
-    loads = xr.concat([post[f"{lv}_scale"] for lv in levels], dim=pd.Index(levels, name="level"))
+    loads = xr.concat(
+        [residual_log_sd(post) if lv == "resid" else post[f"{lv}_scale"] for lv in levels],
+        dim=pd.Index(levels, name="level"),
+    )
     loads = loads.transpose("kernel_class", "level", *SAMPLE_DIMS)
     share = loads**2 / (loads**2).sum("level")
     frame = _quantile_columns(loads, ["kernel_class", "level"])

@@ -28,6 +28,9 @@ import numpy as np
 import xarray as xr
 from scipy import stats
 
+from bayesprism.errors import InputError, Problem
+from bayesprism.workload import RESID_SLOW_VARS
+
 SAMPLE_DIMS = ("chain", "draw")
 
 _CELL_MEAN_NAMES = ("cell_mean_log", "cell_mean", "mean_log")
@@ -88,6 +91,50 @@ def _kernel_classes(posterior: xr.DataTree, kernels: np.ndarray) -> np.ndarray:
     return np.full(len(kernels), "all")
 
 
+def _gpustep_term(
+    post: xr.Dataset, groups: list[xr.Dataset], flat, shape: tuple[int, int],
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Standardised GPU×step effect of every cell, per draw (draws, cells).
+
+    The Gaussian-residual model integrates it out, so it is drawn anew; the row-level
+    likelihoods (Student-t, mixture) sample it as ``gpustep_z``, whose draws are then used,
+    as the measured units' effects are.
+    """
+    gpustep = _first(groups, ("cell_gpustep",))
+    if "gpustep_z" in post and gpustep is not None:
+        return flat("gpustep_z")[:, gpustep.to_numpy().astype(int).reshape(-1)]
+    return rng.standard_normal(shape)
+
+
+def _residual_cell_mean(
+    post: xr.Dataset, flat, c: np.ndarray, n: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """Mean of the log residuals of a cell's n launches, drawn per posterior draw (draws, cells).
+
+    Lognormal residual: ``resid_scale[c]·N(0, 1)/√n``. Two-component residual
+    (``resid_slow_weight`` present, eps ~ (1 − w)·N(0, σ) + w·N(δ, s)): drawn exactly rather
+    than by the CLT (cells often hold a few launches, and with rare slow launches the cell mean
+    is far from normal): the number of slow launches is K ~ Binomial(n, w), and given K the
+    mean is ``N(K·δ/n, √((n − K)·σ² + K·s²)/n)``. Its mean ``w·δ`` and variance
+    ``((1 − w)σ² + w·s² + w(1 − w)δ²)/n`` are those of the mixture.
+    """
+    sigma = flat("resid_scale")[:, c]
+    noise = rng.standard_normal(sigma.shape)
+    if "resid_slow_weight" not in post:
+        return sigma * noise / np.sqrt(n)
+    missing = [v for v in RESID_SLOW_VARS if v not in post]
+    if missing:
+        raise InputError(Problem("posterior", ", ".join(missing),
+                                 "a mixture residual needs all of " + ", ".join(RESID_SLOW_VARS),
+                                 example=[v for v in RESID_SLOW_VARS if v in post]))
+    weight, shift, slow_sd = (flat(v)[:, c] for v in RESID_SLOW_VARS)
+    launches = np.maximum(np.rint(n), 1).astype(np.int64)
+    slow = rng.binomial(np.broadcast_to(launches, weight.shape), np.clip(weight, 0.0, 1.0))
+    spread = np.sqrt((launches - slow) * sigma**2 + slow * slow_sd**2) / launches
+    return slow * shift / launches + spread * noise
+
+
 def cell_predictive_check(
     posterior: xr.DataTree, rng: np.random.Generator, *, max_draws: int = 400
 ) -> tuple[dict[str, dict[str, float]], dict[str, tuple[np.ndarray, np.ndarray]], list[str]]:
@@ -96,7 +143,10 @@ def cell_predictive_check(
     In every posterior draw the predicted mean log duration of a cell of n launches of kernel k
     (class c) is ``a_k + Σ_level scale_level[c]·effect_level[unit] + gpustep_scale[c]·z
     + resid_scale[c]·ε/√n`` with fresh z, ε ~ N(0, 1) (the transient GPU-step effect is
-    integrated out by the model, so it is drawn anew). Per class: the two-sample KS distance
+    integrated out by the Gaussian-residual model, so it is drawn anew; a row-level fit's
+    sampled ``gpustep_z`` is used instead). A two-component (slow-launch) residual replaces the
+    last term by the exact mean of n mixture residuals (:func:`_residual_cell_mean`). Per
+    class: the two-sample KS distance
     between observed and predicted cell means, and the share of observed cells inside their own
     50 % and 90 % predictive intervals.
 
@@ -175,12 +225,14 @@ def cell_predictive_check(
         else:
             level_term = effects[:, units]
         mu = mu + flat(scale)[:, c] * level_term
-    noise_var = np.zeros_like(mu)
     if "gpustep_scale" in post:
-        noise_var = noise_var + flat("gpustep_scale")[:, c] ** 2
+        mu = mu + flat("gpustep_scale")[:, c] * _gpustep_term(post, groups, flat, mu.shape, rng)
     if "resid_scale" in post:
-        noise_var = noise_var + flat("resid_scale")[:, c] ** 2 / n
-    predicted = mu + np.sqrt(noise_var) * rng.standard_normal(mu.shape)
+        mu = mu + _residual_cell_mean(post, flat, c, n, rng)
+    if "resid_nu" in post:
+        notes.append("Student-t residual: cell means are predicted with a normal residual of sd "
+                     "resid_scale/√n (the tails of the cell means are not checked)")
+    predicted = mu
 
     pit = (predicted < y).mean(axis=0)
     ppc: dict[str, dict[str, float]] = {}

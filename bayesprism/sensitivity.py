@@ -40,6 +40,12 @@ LEVEL_SCALES: dict[str, str] = {
     "residual": "resid_scale",
     "cabinet": "cabinet_scale",
 }
+#: Slow component of a ``mixture`` residual (docs/artifacts.md) in log-scale units: scaled
+#: together with ``resid_scale`` (``resid_slow_extra`` is the sampled form of the slow sd).
+RESID_SLOW_SCALED: tuple[str, ...] = ("resid_slow_shift", "resid_slow_sd", "resid_slow_extra")
+#: Share of slow launches of a ``mixture`` residual: kept when the residual is scaled, zeroed
+#: when it is removed.
+RESID_SLOW_WEIGHT = "resid_slow_weight"
 #: Posterior variables that make up the "collective" level (per-transfer noise, shared congestion).
 COLLECTIVE_SPREAD: tuple[str, ...] = ("coll_noise", "coll_congestion")
 #: Multiplier that "removes" a loading: exactly 0 (the composition draws every source of
@@ -229,18 +235,28 @@ def zero_reduction(n_draws: int, thresholds: Sequence[float] = THRESHOLDS) -> di
 
 @dataclass(frozen=True)
 class Source:
-    """One source of variability: ``factor`` (class, collective or "all") at ``level``."""
+    """One source of variability: ``factor`` (class, collective or "all") at ``level``.
+
+    ``variables`` are log-scale spreads multiplied by the edit's multiplier; ``weights`` are
+    mixture weights of the same source, left alone by a scaling and set to 0 by a removal (a
+    removed source has no component left to mix).
+    """
 
     factor: str
     level: str
     variables: tuple[str, ...]
     dim: str
     labels: tuple[str, ...] | None  # None: every label of ``dim``
+    weights: tuple[str, ...] = ()
 
     def edit(self, group: xr.Dataset, multiplier: float) -> xr.Dataset:
+        """``group`` with this source's spread times ``multiplier`` (0: removed)."""
+        selection = {} if self.labels is None else {self.dim: list(self.labels)}
         for name in self.variables:
-            selection = {} if self.labels is None else {self.dim: list(self.labels)}
             group = scale_variable(group, name, multiplier, **selection)
+        if multiplier == REMOVED:
+            for name in self.weights:
+                group = scale_variable(group, name, REMOVED, **selection)
         return group
 
     def has_spread(self, group: xr.Dataset) -> bool:
@@ -253,15 +269,32 @@ class Source:
         return False
 
 
+def level_variables(group: xr.Dataset, level: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Posterior variables scaled, and mixture weights zeroed on removal, for one level.
+
+    Every level but the residual is its loading alone. A ``mixture`` residual
+    ``eps ~ (1 − w)·N(0, σ) + w·N(δ, s)`` is edited as ``m·eps``: σ, δ and s (and the sampled
+    ``resid_slow_extra``) scale with the multiplier m, w is kept, so halving halves every launch's
+    log deviation (its sd and every quantile, the slow launches' excess included) and removing
+    (m = 0, w → 0 too) leaves no residual at all. A Student-t residual's ν is kept likewise.
+    """
+    names = (LEVEL_SCALES[level],)
+    if level != "residual":
+        return names, ()
+    names += tuple(n for n in RESID_SLOW_SCALED if n in group)
+    return names, tuple(n for n in (RESID_SLOW_WEIGHT,) if n in group)
+
+
 def sources_of(group: xr.Dataset) -> list[Source]:
     """Every source of variability present in a kernel-level posterior group."""
     out: list[Source] = []
     for level, name in LEVEL_SCALES.items():
         if name not in group:
             continue
+        names, weights = level_variables(group, level)
         classes = [str(c) for c in group[name]["kernel_class"].to_numpy()]
-        out.append(Source("all", level, (name,), "kernel_class", None))
-        out.extend(Source(c, level, (name,), "kernel_class", (c,)) for c in classes)
+        out.append(Source("all", level, names, "kernel_class", None, weights))
+        out.extend(Source(c, level, names, "kernel_class", (c,), weights) for c in classes)
     spread = tuple(name for name in COLLECTIVE_SPREAD if name in group)
     if spread:
         collectives = [str(c) for c in group[spread[0]]["collective"].to_numpy()]
@@ -311,6 +344,12 @@ def sensitivity(
     the plan is recomposed with that loading set to zero (:data:`REMOVED`) and to half its
     value, with the same
     posterior draws and seed as the base forecast (common random numbers).
+
+    A ``mixture`` residual (slow launches, docs/artifacts.md) is edited as a whole, as the
+    residual ``eps`` times the multiplier (:func:`level_variables`): "removed" leaves no
+    residual variability (σ, the slow shift δ and sd s set to 0, and the slow weight w too), and
+    "halved" halves σ, δ and s with w kept, i.e. halves each launch's log deviation, so the sd
+    of the residual in log space, ``√((1−w)σ² + w·s² + w(1−w)δ²)``, is exactly halved.
 
     Parameters
     ----------

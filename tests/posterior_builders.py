@@ -364,11 +364,15 @@ def truth_posterior(
     shift_class: str | None = None,
     shift: float = 1.0,
     link_units: bool = True,
+    slow_residual: tuple[float, float, float] | None = None,
 ) -> xr.DataTree:
     """A kernel-model fit of :func:`truth` with its cells (kernel × GPU × step).
 
     ``shift_class`` moves that class's observed cell means by ``shift`` (a misfit);
     ``link_units=False`` leaves out the GPU-step → unit maps (``*_of_gpustep``).
+    ``slow_residual = (w, δ, s)`` makes the residual of every class the two-component
+    ``mixture`` (docs/artifacts.md): eps ~ (1 − w)·N(0, resid_scale) + w·N(δ, s), in the
+    posterior (``resid_slow_*``) and in the cells, simulated launch by launch.
     """
     rng = np.random.default_rng(seed)
     t = truth(seed)
@@ -391,6 +395,10 @@ def truth_posterior(
         post[f"{level}_scale"] = (["chain", "draw", "kernel_class"],
                                   draws_of(t[f"{level}_scale"], 0.005, positive=True))
     post["node_nu"] = (["chain", "draw"], draws_of(4.0, 0.3, positive=True))
+    slow_names = ("resid_slow_weight", "resid_slow_shift", "resid_slow_sd")
+    for name, value in zip(slow_names, slow_residual or (), strict=False):
+        post[name] = (["chain", "draw", "kernel_class"],
+                      draws_of(np.full(len(TRUTH_CLASSES), value), 0.005, positive=True))
     coords = {"chain": np.arange(chains), "draw": np.arange(draws), "kernel": kernels,
               "kernel_class": TRUTH_CLASSES, "node": TRUTH_NODES, "gpu_unit": gpus,
               "step_unit": TRUTH_STEPS}
@@ -409,10 +417,19 @@ def truth_posterior(
           + t["step_scale"][c_i] * t["step_effect"][s_i])
     n = np.full(k_i.size, LAUNCHES_PER_CELL)
     sd = t["resid_scale"][c_i]
-    mean = mu + sd / np.sqrt(n) * rng.standard_normal(k_i.size)
+    if slow_residual is None:
+        mean = mu + sd / np.sqrt(n) * rng.standard_normal(k_i.size)
+        ss = sd**2 * rng.chisquare(n - 1)
+    else:  # every launch from the mixture, then the cell statistics
+        weight, slow_shift, slow_sd = slow_residual
+        shape = (k_i.size, LAUNCHES_PER_CELL)
+        slow = rng.random(shape) < weight
+        eps = np.where(slow, slow_shift + slow_sd * rng.standard_normal(shape),
+                       sd[:, None] * rng.standard_normal(shape))
+        mean = mu + eps.mean(axis=1)
+        ss = ((eps - eps.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
     if shift_class is not None:
         mean = mean + shift * (np.array(TRUTH_CLASSES)[c_i] == shift_class)
-    ss = sd**2 * rng.chisquare(n - 1)
     # stored as the kernel model stores them: cells point at GPU-steps, GPU-steps at units
     gs_gpu, gs_step = np.divmod(np.arange(len(gpus) * len(TRUTH_STEPS)), len(TRUTH_STEPS))
     constant = xr.Dataset(
@@ -436,8 +453,12 @@ def truth_posterior(
                          for k, (cls, _, launches) in TRUTH_KERNELS.items()}
     inventory_kernels["nccl_allreduce"].update(role="dp", bytes=2.0e8, group=12.0)
     launches_per_step = np.array([TRUTH_KERNELS[k][2] for k in kernels])
-    # each rank's step = its launches at their cell's mean duration (lognormal mean)
-    cell_us = np.exp(mu + sd**2 / 2).reshape(len(kernels), len(gpus), len(TRUTH_STEPS))
+    # each rank's step = its launches at their cell's mean duration (mean of exp(eps))
+    from bayesprism.workload import residual_moments
+
+    slow = None if slow_residual is None else tuple(np.full(sd.shape, v) for v in slow_residual)
+    cell_us = (np.exp(mu) * residual_moments(sd, slow)[0]).reshape(
+        len(kernels), len(gpus), len(TRUTH_STEPS))
     inventory = inventory_dataset(
         inventory_kernels, full_plan(TRUTH_GPUS_PER_NODE, dp=12), run="run1",
         platform="test-cluster", ranks=len(gpus), rank_node=[g.split("/")[0] for g in gpus],

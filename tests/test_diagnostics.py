@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import xarray as xr
 from posterior_builders import SLOW_NODE, TRUTH_CLASSES, spec_attrs, truth_posterior
+from scipy import stats
 
 from bayesprism.cli.main import main
 from bayesprism.diagnostics import (
@@ -18,6 +19,7 @@ from bayesprism.diagnostics import (
     variance_components,
     worst_draws,
 )
+from bayesprism.predictive_checks import _residual_cell_mean, cell_predictive_check
 
 
 @pytest.fixture(scope="module")
@@ -326,3 +328,77 @@ def test_unlinked_cells_are_predicted_marginally_with_a_note():
     # wider (marginal) predictions still cover the data: no false misfit
     assert report.ok, report.problems
     assert all(v["coverage_90"] >= 0.8 for v in report.ppc.values())
+
+
+# -- a two-component (slow-launch) residual -------------------------------------------------------
+
+#: w, δ, s of every class's residual: a fifth of the launches 0.8 slower in log (s ≥ every σ)
+SLOW_RESIDUAL = (0.2, 0.8, 0.5)
+SLOW_VARS = ("resid_slow_weight", "resid_slow_shift", "resid_slow_sd")
+
+
+@pytest.fixture(scope="module")
+def mixture_fit() -> xr.DataTree:
+    return truth_posterior(seed=1, draws=100, slow_residual=SLOW_RESIDUAL)
+
+
+def test_mixture_residual_cells_are_calibrated(mixture_fit):
+    ppc, _, notes = cell_predictive_check(mixture_fit, np.random.default_rng(0))
+    assert set(ppc) == set(TRUTH_CLASSES), notes
+    for cls, numbers in ppc.items():
+        assert 0.8 <= numbers["coverage_90"] <= 1.0, (cls, numbers)
+        assert 0.3 <= numbers["coverage_50"] <= 0.7, (cls, numbers)
+        assert numbers["ks_distance"] < 0.2, (cls, numbers)
+
+
+def test_mixture_read_as_lognormal_would_look_miscalibrated(mixture_fit):
+    """The same cells against the core residual only (the slow launches ignored): the
+    check must see the misfit, or the calibration test above proves nothing."""
+    post = mixture_fit["posterior"].to_dataset().drop_vars(list(SLOW_VARS))
+    core_only = mixture_fit.copy()
+    core_only["posterior"] = post
+    ppc, _, _ = cell_predictive_check(core_only, np.random.default_rng(0))
+    assert ppc["gemm"]["coverage_90"] < 0.6, ppc["gemm"]
+
+
+def test_residual_cell_mean_has_the_mixture_moments():
+    """Cells of n = 5 launches: mean w·δ, variance ((1−w)σ² + w·s² + w(1−w)δ²)/n."""
+    sigma, (w, shift, slow_sd), n = 0.1, SLOW_RESIDUAL, 5
+    values = {"resid_scale": sigma, "resid_slow_weight": w, "resid_slow_shift": shift,
+              "resid_slow_sd": slow_sd}
+    post = xr.Dataset({k: (("chain", "draw", "kernel_class"), np.full((1, 1, 1), v))
+                       for k, v in values.items()})
+    cells = 200_000
+    draws = _residual_cell_mean(post, lambda name: post[name].to_numpy().reshape(1, -1),
+                                np.zeros(cells, dtype=int), np.full(cells, float(n)),
+                                np.random.default_rng(0))
+    assert draws.shape == (1, cells)
+    var = ((1 - w) * sigma**2 + w * slow_sd**2 + w * (1 - w) * shift**2) / n
+    assert draws.mean() == pytest.approx(w * shift, abs=4 * np.sqrt(var / cells))
+    assert draws.var() == pytest.approx(var, rel=0.02)
+    # the exact law (K ~ Binomial(n, w) slow launches), which the CLT normal is not
+    grid = np.linspace(-0.2, 0.6, 41)
+    k = np.arange(n + 1)[:, None]
+    cdf = (stats.binom.pmf(k, n, w) * stats.norm.cdf(
+        grid, k * shift / n, np.sqrt((n - k) * sigma**2 + k * slow_sd**2) / n)).sum(axis=0)
+    ecdf = (draws.reshape(-1, 1) <= grid).mean(axis=0)
+    assert np.abs(ecdf - cdf).max() < 0.006
+    assert np.abs(stats.norm.cdf(grid, w * shift, np.sqrt(var)) - cdf).max() > 0.03
+
+
+def test_variance_components_count_the_slow_launches_in_the_residual():
+    ones = np.ones((2, 50, 1))
+    post = xr.Dataset(
+        {
+            "node_scale": (("chain", "draw", "kernel_class"), 0.3 * ones),
+            "resid_scale": (("chain", "draw", "kernel_class"), 0.1 * ones),
+            "resid_slow_weight": (("chain", "draw", "kernel_class"), 0.2 * ones),
+            "resid_slow_shift": (("chain", "draw", "kernel_class"), 1.0 * ones),
+            "resid_slow_sd": (("chain", "draw", "kernel_class"), 0.5 * ones),
+        },
+        coords={"kernel_class": ["gemm"]},
+    )
+    table = variance_components(xr.DataTree.from_dict({"posterior": post}))
+    # residual variance 0.8·0.01 + 0.2·0.25 + 0.2·0.8·1 = 0.218
+    np.testing.assert_allclose(table["q50"], [0.3, np.sqrt(0.218)])
+    np.testing.assert_allclose(table["share_q50"], [0.09 / 0.308, 0.218 / 0.308])

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import xarray as xr
 from posterior_builders import analysis_plan, analysis_posterior
 
 from bayesprism.cli.sensitivity import format_table
 from bayesprism.errors import InputError
-from bayesprism.sensitivity import sensitivity, thin_draws
+from bayesprism.sensitivity import REMOVED, sensitivity, sources_of, thin_draws
+from bayesprism.workload import residual_moments
 
 pytestmark = pytest.mark.filterwarnings("ignore::bayesprism.plan.PlanWarning")
 
@@ -137,3 +139,75 @@ def test_cli_prints_json_and_tables(tmp_path, noisy_posterior, capsys):
     two.write_text("[[plan]]\ndp = 2\n[[plan]]\ndp = 4\n")
     assert main(["sensitivity", str(path), "--plan", str(two), "--quiet"]) == 2
     assert "give a file with exactly one plan" in capsys.readouterr().err
+
+
+# -- a two-component (slow-launch) residual -------------------------------------------------------
+
+#: GEMM residual: core sd σ, a share w of slow launches shifted by δ with sd s (log scale)
+SIGMA, WEIGHT, SHIFT, SLOW_SD = 0.05, 0.2, 0.8, 0.3
+SLOW_VARS = ("resid_slow_weight", "resid_slow_shift", "resid_slow_sd")
+
+
+def _mixture_posterior(draws: int = 10):
+    """:func:`analysis_posterior` with the mixture residual on GEMM only (every other class:
+    no residual at all, w = δ = s = 0)."""
+    post = analysis_posterior(draws=draws, scales={"resid": {"gemm": SIGMA}})
+    group = post["posterior"].to_dataset()
+    is_gemm = (group["kernel_class"] == "gemm").broadcast_like(group["resid_scale"])
+    for name, value in zip(SLOW_VARS, (WEIGHT, SHIFT, SLOW_SD), strict=True):
+        group[name] = xr.where(is_gemm, value, 0.0).transpose(*group["resid_scale"].dims)
+    tree = post.copy()
+    tree["posterior"] = group
+    return tree
+
+
+def _gemm_mixture(group) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    pick = {"kernel_class": "gemm", "chain": 0, "draw": 0}
+    return (np.atleast_1d(group["resid_scale"].sel(pick).to_numpy()),
+            tuple(np.atleast_1d(group[n].sel(pick).to_numpy()) for n in SLOW_VARS))
+
+
+def _log_sd(sigma, slow) -> float:
+    w, shift, slow_sd = (float(v[0]) for v in slow)
+    return float(np.sqrt((1 - w) * sigma[0] ** 2 + w * slow_sd**2 + w * (1 - w) * shift**2))
+
+
+def test_removing_a_mixture_residual_leaves_no_residual_and_halving_halves_its_log_sd():
+    group = _mixture_posterior()["posterior"].to_dataset()
+    (source,) = [s for s in sources_of(group) if (s.factor, s.level) == ("gemm", "residual")]
+    sigma, slow = _gemm_mixture(source.edit(group, REMOVED))
+    # no residual variability at all: the factor exp(eps) is exactly 1, as without a residual
+    assert residual_moments(sigma, slow) == (1.0, 0.0)
+    assert residual_moments(sigma, slow) == residual_moments(np.zeros(1))
+    assert slow[0][0] == 0.0  # no slow launches left either
+    sigma_h, slow_h = _gemm_mixture(source.edit(group, 0.5))
+    assert slow_h[0][0] == WEIGHT  # the share of slow launches is kept ...
+    assert (sigma_h[0], slow_h[1][0], slow_h[2][0]) == (SIGMA / 2, SHIFT / 2, SLOW_SD / 2)
+    # ... and the residual's sd in log space is halved
+    assert _log_sd(sigma_h, slow_h) == pytest.approx(0.5 * _log_sd(*_gemm_mixture(group)))
+    # other classes are untouched by the GEMM source
+    norm = {"kernel_class": "norm"}
+    edited = source.edit(group, REMOVED)
+    for name in ("resid_scale", *SLOW_VARS):
+        xr.testing.assert_equal(edited[name].sel(norm), group[name].sel(norm))
+
+
+def test_removed_mixture_residual_forecasts_the_no_residual_step_time():
+    """One rank: only GEMM (20 ms of the 30.2 ms step) has a residual, so the mean step time is
+    the step time without residual plus 20 ms × (E[exp(eps)] − 1) (the composition matches the
+    mean of the rank's residual factor)."""
+    plan = analysis_plan(dp=1)
+    result = sensitivity(_mixture_posterior(), plan, draws=10, replicates=2000, random_seed=3)
+    compute_s, gemm_s = 0.0302, 0.02
+    mean, _ = residual_moments(np.array([SIGMA]), tuple(np.array([v]) for v in
+                                                        (WEIGHT, SHIFT, SLOW_SD)))
+    entry = _entry(result, "gemm", "residual")
+    # removed: exactly the deterministic step (the slow launches went too)
+    assert result["base"]["p95_s"] - entry["p95_delta_s"] == pytest.approx(compute_s, rel=1e-9)
+    assert result["base"]["mean_s"] - entry["mean_delta_s"] == pytest.approx(compute_s, rel=1e-9)
+    assert entry["mean_delta_s"] == pytest.approx(gemm_s * (mean[0] - 1.0), rel=0.05)
+    # halved: the mixture with σ, δ and s halved (w kept)
+    half, _ = residual_moments(np.array([SIGMA / 2]), tuple(np.array([v]) for v in
+                                                            (WEIGHT, SHIFT / 2, SLOW_SD / 2)))
+    assert entry["halved"]["mean_delta_s"] == pytest.approx(gemm_s * (mean[0] - half[0]),
+                                                            rel=0.05)
