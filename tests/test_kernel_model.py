@@ -426,9 +426,12 @@ def test_mixture_row_likelihood_is_the_two_component_density():
         "resid_slow_extra_log__": np.log([0.3]),
     })
     logp = model.compile_logp(vars=[model["log_duration"]])(point)
-    # one kernel, no levels: mu = the kernel's mean log duration + its basis coefficient
+    # one kernel, no levels: mu = its baseline, the mean log duration moved by the coefficient
+    [baseline] = model.replace_rvs_by_values([model["kernel_log_median"]])
+    mu = float(model.compile_fn(baseline, inputs=model.value_vars, point_fn=True,
+                                on_unused_input="ignore")(point)[0])
     y = np.log(durations)
-    mu = y.mean() + 0.01
+    assert mu > y.mean()
     rounding = (resolution / durations) ** 2 / 12
     core_sd = np.sqrt(0.05**2 + rounding)
     slow_sd = np.sqrt(0.05**2 + 0.3**2 + rounding)

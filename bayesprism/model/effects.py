@@ -65,6 +65,19 @@ def grouped_helmert(free, group: np.ndarray):
     return stacked[inverse]
 
 
+def grouped_helmert_inverse(effects: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """The free coordinates whose :func:`grouped_helmert` image is ``effects`` (NumPy)."""
+    group = np.asarray(group, dtype=np.int64)
+    sizes = np.bincount(group)
+    free = np.zeros(len(group))
+    for size in np.unique(sizes[group]):
+        positions = np.stack([np.flatnonzero(group == g)
+                              for g in np.flatnonzero(sizes == size)])
+        # the basis is orthonormal: its transpose inverts it
+        free[positions] = effects[positions] @ helmert(int(size), full=True).T
+    return free
+
+
 def population_logp(effects, family: str, level: str, scale, spec: ModelSpec):
     """Log density of ``effects`` under a level's population at ``scale``; creates its parameters.
 
@@ -94,7 +107,7 @@ def population_logp(effects, family: str, level: str, scale, spec: ModelSpec):
     return pt.sum(pm.logp(dist, effects))
 
 
-def unit_level(level: str, prepared, spec: ModelSpec):
+def unit_level(level: str, prepared, spec: ModelSpec, estimate=None):
     """Per-class loadings and standardised unit effects of one level.
 
     Returns ``(loading, effect, centred)``: loadings (``kernel_class``), the standardised
@@ -102,7 +115,9 @@ def unit_level(level: str, prepared, spec: ModelSpec):
     the likelihood sees). Centred levels sample log-scale offsets of a reference class (the
     launch-weighted geometric mean of the classes, scale ``{level}_scale_ref``) and per-class
     loading ratios (:func:`class_scales`); non-centred levels sample standardised effects and
-    per-class loadings.
+    per-class loadings. ``estimate``: the data's ``(effects, standard error)`` for a centred
+    level (:mod:`bayesprism.model.start`); its contrast coordinates are then sampled as
+    ``estimate + se × {level}_basis_coef`` (a constant affine map).
     """
     import pymc as pm
     import pytensor.tensor as pt
@@ -119,6 +134,14 @@ def unit_level(level: str, prepared, spec: ModelSpec):
     model.add_coord(f"{level}_basis", list(range(int((~is_group_mean).sum()) if nested
                                                  else group.size)))
     free = pm.Flat(f"{level}_basis_coef", dims=f"{level}_basis")
+    if estimate is not None and centred_level:
+        effects, se = estimate
+        centre = grouped_helmert_inverse(np.asarray(effects, dtype=float), group)
+        centre[is_group_mean] = 0.0  # prior-only coordinates (sampled as before)
+        step = np.where(is_group_mean, 1.0, float(se))
+        if nested:
+            centre, step = centre[~is_group_mean], step[~is_group_mean]
+        free = centre + step * free
     scale = pm.HalfNormal(f"{level}_scale_ref", spec.prior("level_scale")) if centred_level \
         else 1.0
     if nested:

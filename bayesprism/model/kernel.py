@@ -43,6 +43,7 @@ from bayesprism.errors import InputError, Problem
 from bayesprism.model import PreparedData
 from bayesprism.model.cells import aggregate_cells
 from bayesprism.model.effects import class_scales, segment_sum, unit_level
+from bayesprism.model.start import kernel_baseline_se, unit_effect_estimates
 from bayesprism.spec import ModelSpec
 
 REQUIRED = ("run", "step", "node", "gpu", "kernel", "kernel_class", "duration_us")
@@ -526,12 +527,14 @@ def build_kernel(prepared: PreparedData, spec: ModelSpec, rows: bool = False):
     return model
 
 
-def _kernel_baselines(kernel_mean: np.ndarray, cls: np.ndarray, n_classes: int, spec: ModelSpec):
+def _kernel_baselines(kernel_mean: np.ndarray, cls: np.ndarray, n_classes: int, spec: ModelSpec,
+                      se: float = 1.0):
     """Kernel baselines a_k pooled within class, the class mean integrated out.
 
     a_k ~ N(m_c, sd_c), m_c ~ N(loc, τ): per class the baselines are jointly normal with
     covariance sd_c²·I + τ²·11ᵀ, evaluated in closed form (matrix determinant lemma). Sampling
     m_c instead puts a funnel between m_c and sd_c for classes with one or two kernels.
+    ``se``: the data's standard error of a baseline, the unit of ``kernel_log_median_coef``.
     """
     import pymc as pm
     import pytensor.tensor as pt
@@ -539,15 +542,15 @@ def _kernel_baselines(kernel_mean: np.ndarray, cls: np.ndarray, n_classes: int, 
     loc = float(np.median(kernel_mean))
     tau2 = spec.prior("kernel_log_median_sd") ** 2
     class_sd = pm.HalfNormal("kernel_class_sd", spec.prior("kernel_class_sd"), dims="kernel_class")
-    # Data-dominated baselines, sampled centred and started at the observed means, in an
-    # orthonormal basis whose first vector is the all-kernels mean: the mean of the integrated
-    # GPU×step effects shifts every baseline alike, and a diagonal mass matrix handles that
-    # common direction only when it is a coordinate of its own.
+    # Data-dominated baselines, sampled as the observed means plus standard errors times
+    # kernel_log_median_coef (bayesprism.model.start), in an orthonormal basis whose first
+    # vector is the all-kernels mean: the mean of the integrated GPU×step effects shifts every
+    # baseline alike, and a diagonal mass matrix handles that common direction only when it is
+    # a coordinate of its own.
     basis = helmert(len(kernel_mean), full=True)
     pm.modelcontext(None).add_coord("kernel_basis", list(range(len(kernel_mean))))
-    coef = pm.Flat("kernel_log_median_coef", dims="kernel_basis",
-                   initval=basis @ (np.asarray(kernel_mean, dtype=float) - loc))
-    a_free = loc + pt.dot(coef, basis)
+    coef = pm.Flat("kernel_log_median_coef", dims="kernel_basis")
+    a_free = loc + pt.dot(basis @ (np.asarray(kernel_mean, dtype=float) - loc) + se * coef, basis)
     count = np.bincount(cls, minlength=n_classes).astype(float)
     dev = a_free - loc
     var = class_sd**2
@@ -585,7 +588,7 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     pm.Data("cell_mean_log", d["cell_mean"], dims="cell")
     pm.Data("cell_ss_log", d["cell_ss"], dims="cell")
 
-    a_free = _kernel_baselines(d["kernel_mean"], cls, n_classes, spec)
+    a_free = _kernel_baselines(d["kernel_mean"], cls, n_classes, spec, kernel_baseline_se(d))
     resid = pm.HalfNormal("resid_scale", spec.prior("resid_scale"), dims="kernel_class")
 
     # Persistent levels (cabinet, node, GPU) summed per GPU, steps per step unit: the
@@ -595,10 +598,11 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     gpu_part = pt.zeros((n_gpu, n_classes))
     step_part = pt.zeros((n_step, n_classes))
     shift = pt.zeros(len(cls))
+    estimates = unit_effect_estimates(d, attrs["levels"])
     for level in attrs["levels"]:
         if level == "gpustep":
             continue
-        loading, effect, centred = unit_level(level, prepared, spec)
+        loading, effect, centred = unit_level(level, prepared, spec, estimates.get(level))
         pm.Data(f"{level}_of_gpustep", d[f"{level}_of_gpustep"], dims="gpustep")
         if level == "step":
             step_part = step_part + centred[:, None] * loading[None, :]
