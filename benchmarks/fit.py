@@ -117,10 +117,11 @@ def main(argv: list[str] | None = None) -> int:
                               "resid_scale", "node_nu", "gpu_nu", "kernel_class_sd")
                   if v in fit.posterior]
     summary = az.summary(fit, var_names=components, round_to="none")
-    print(f"variance components: max R-hat {summary['r_hat'].max():.4f}, min bulk ESS "
+    print(f"variance components: max R-hat {summary['r_hat'].max():.4f} "
+          f"({summary['r_hat'].idxmax()}), min bulk ESS "
           f"{summary['ess_bulk'].min():.0f}, divergences "
-          f"{int(fit.sample_stats['diverging'].sum())}, mean leapfrog steps "
-          f"{float(fit.sample_stats['n_steps'].mean()):.1f}")
+          f"{int(fit.sample_stats['diverging'].sum())}, mean leapfrog steps per chain "
+          + ", ".join(f"{x:.1f}" for x in fit.sample_stats["n_steps"].mean("draw").to_numpy()))
     post = fit.posterior
     for level in ("node", "gpu", "step", "gpustep"):
         est = post[f"{level}_scale"].mean(("chain", "draw")).to_numpy()

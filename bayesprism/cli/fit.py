@@ -59,12 +59,18 @@ def variance_components(tree) -> dict:
 
     Kernel posteriors give ``node``, ``gpu``, ``step``, ``residual`` (None when the level was not
     fitted) and ``gpustep`` when fitted; step posteriors give one class ``step`` with ``run``,
-    ``rank``, ``slot``, ``step`` (and ``config`` when fitted).
+    ``rank``, ``slot``, ``step`` (and ``config`` when fitted). The residual's σ is its log sd
+    (:func:`bayesprism.diagnostics.residual_log_sd`).
     """
     posterior = tree["posterior"].to_dataset()
     if tree.attrs.get("model_kind") == "step":
         return {"step": {level: _cv(posterior[name].to_numpy()) for level, name in
                          STEP_LEVELS.items() if name in posterior}}
+    if "resid_scale" in posterior:
+        # a two-component residual's log sd includes its slow launches
+        from bayesprism.diagnostics import residual_log_sd
+
+        posterior["resid_scale"] = residual_log_sd(posterior)
     classes = []
     for name in KERNEL_LEVELS.values():
         if name in posterior and "kernel_class" in posterior[name].dims:
