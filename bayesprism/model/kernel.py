@@ -528,13 +528,14 @@ def build_kernel(prepared: PreparedData, spec: ModelSpec, rows: bool = False):
 
 
 def _kernel_baselines(kernel_mean: np.ndarray, cls: np.ndarray, n_classes: int, spec: ModelSpec,
-                      se: float = 1.0):
+                      se=1.0):
     """Kernel baselines a_k pooled within class, the class mean integrated out.
 
     a_k ~ N(m_c, sd_c), m_c ~ N(loc, τ): per class the baselines are jointly normal with
     covariance sd_c²·I + τ²·11ᵀ, evaluated in closed form (matrix determinant lemma). Sampling
     m_c instead puts a funnel between m_c and sd_c for classes with one or two kernels.
-    ``se``: the data's standard error of a baseline, the unit of ``kernel_log_median_coef``.
+    ``se``: the data's standard errors of the baselines' Helmert coordinates, the units of
+    ``kernel_log_median_coef``.
     """
     import pymc as pm
     import pytensor.tensor as pt
@@ -588,7 +589,12 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     pm.Data("cell_mean_log", d["cell_mean"], dims="cell")
     pm.Data("cell_ss_log", d["cell_ss"], dims="cell")
 
-    a_free = _kernel_baselines(d["kernel_mean"], cls, n_classes, spec, kernel_baseline_se(d))
+    # Data-centred coordinates (bayesprism.model.start) for the cell likelihood only: with a
+    # row-level mixture residual they left PAL's chains in different places (R-hat 1.5; not
+    # yet understood), and row fits are small enough not to need them.
+    centred_coords = not spec.fits_rows
+    a_free = _kernel_baselines(d["kernel_mean"], cls, n_classes, spec,
+                               kernel_baseline_se(d) if centred_coords else 1.0)
     resid = pm.HalfNormal("resid_scale", spec.prior("resid_scale"), dims="kernel_class")
 
     # Persistent levels (cabinet, node, GPU) summed per GPU, steps per step unit: the
@@ -598,7 +604,7 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     gpu_part = pt.zeros((n_gpu, n_classes))
     step_part = pt.zeros((n_step, n_classes))
     shift = pt.zeros(len(cls))
-    estimates = unit_effect_estimates(d, attrs["levels"])
+    estimates = unit_effect_estimates(d, attrs["levels"]) if centred_coords else {}
     for level in attrs["levels"]:
         if level == "gpustep":
             continue

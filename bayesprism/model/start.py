@@ -79,13 +79,25 @@ def unit_effect_estimates(data: dict, levels: list[str]) -> dict[str, tuple[np.n
             for level, effect in effects.items()}
 
 
-def kernel_baseline_se(data: dict) -> float:
-    """Typical standard error of a kernel's mean log duration relative to the others.
+def kernel_baseline_se(data: dict) -> np.ndarray:
+    """Standard errors of the kernel baselines' Helmert coordinates (all-kernels mean first).
 
-    Cell deviations from their GPU-step's pooled mean (unit effects cancel), averaged over a
-    kernel's cells.
+    The all-kernels mean moves with everything the GPU-steps share: the spread of the pooled
+    block means over the blocks. The contrasts between kernels move only with the launches'
+    own noise: cell deviations from their block's pooled mean (unit effects cancel), averaged
+    over a kernel's cells.
     """
-    block_r = data["block_dev"].sum(axis=1) / np.maximum(data["block_n"].sum(axis=1), 1e-300)
+    block_n = data["block_n"].sum(axis=1)
+    block_r = data["block_dev"].sum(axis=1) / np.maximum(block_n, 1e-300)
+    used = block_n > 0
+    n_blocks = int(used.sum())
+    mean_se = MIN_SE
+    if n_blocks > 1:
+        r, n = block_r[used], block_n[used]
+        spread = np.sqrt(np.average((r - np.average(r, weights=n)) ** 2, weights=n))
+        mean_se = max(float(spread / np.sqrt(n_blocks)), MIN_SE)
     kernel = data["cell_kernel"]
+    n_kernels = int(kernel.max()) + 1
     values = data["cell_dev"] - block_r[data["cell_gpustep"]]
-    return _within_se(values, data["cell_n"], kernel, int(kernel.max()) + 1)
+    contrast_se = _within_se(values, data["cell_n"], kernel, n_kernels) if n_kernels > 1 else 1.0
+    return np.r_[mean_se, np.full(n_kernels - 1, contrast_se)]
