@@ -106,14 +106,18 @@ def main(argv: list[str] | None = None) -> int:
         model, backend=backend, gradient_backend="jax" if backend == "jax" else "pytensor")
     t3 = time.perf_counter()
     print(f"compile ({backend}) {t3 - t2:.1f} s", flush=True)
+    cpu3 = time.process_time()
     fit = nutpie.sample(compiled, draws=args.draws, tune=args.tune, chains=2, cores=2,
                         seed=args.seed, progress_bar=False)
     t4 = time.perf_counter()
+    # CPU seconds of this process while sampling: on a shared machine, half of it is what
+    # the 2 chains need on 2 idle cores
+    sample_cpu = time.process_time() - cpu3
     print(f"cells: {prepared.summary['cells']:,}  parameters: "
           f"{sum(v.size for v in model.initial_point().values()):,}  "
           f"parameterisation: {prepared.attrs['parameterisation']}")
     print(f"aggregate {t1 - t0:.1f} s | build {t2 - t1:.1f} s | compile {t3 - t2:.1f} s | "
-          f"sample {t4 - t3:.1f} s | total {t4 - t0:.1f} s")
+          f"sample {t4 - t3:.1f} s (CPU {sample_cpu:.1f} s) | total {t4 - t0:.1f} s")
     components = [v for v in ("node_scale", "gpu_scale", "step_scale", "gpustep_scale",
                               "resid_scale", "node_nu", "gpu_nu", "kernel_class_sd")
                   if v in fit.posterior]

@@ -45,12 +45,16 @@ def test_mlperf_gpt3_ladder_fits_and_converges(package_data):
     assert posterior.attrs["seconds"] < 120, posterior.attrs["seconds"]
 
 
-def test_mlperf_ladders_with_stated_layout_fit_and_converge(shared_data):
+@pytest.mark.parametrize(("folder", "layout"), [
+    ("training_results_v3.1", {"virtual_stages": 12}),  # GPT-3, NVIDIA's interleaving stated
+    ("training_results_v5.1", None),  # Llama 3.1 8B
+], ids=["gpt3-v12", "llama31-8b"])
+def test_mlperf_ladders_with_stated_layout_fit_and_converge(shared_data, folder, layout):
     """Both full public ladders (GPT-3 with NVIDIA's 12 virtual stages stated, Llama 3.1 8B)."""
-    gpt3 = bp.read_traces([shared_data / "mlperf" / "training_results_v3.1"], progress=False,
-                          layout={"virtual_stages": 12})
-    llama = bp.read_traces([shared_data / "mlperf" / "training_results_v5.1"], progress=False)
-    for table in (gpt3, llama):
-        posterior = _fit_converges(table, "step")
-        assert posterior.attrs["seconds"] < 120, posterior.attrs["seconds"]
-        assert convergence_summary(posterior)["min_ess_bulk"] > 200
+    table = bp.read_traces([shared_data / "mlperf" / folder], progress=False, layout=layout)
+    posterior = _fit_converges(table, "step")
+    # cost in leapfrog steps per draw, not seconds (the machine may be shared): ~18 and ~30
+    assert float(posterior["sample_stats"]["n_steps"].mean()) < 40
+    # GPT-3's runs share one pipeline layout: bubble and inter-node all-reduce form a ridge
+    # that mixed at bulk ESS 170 (R-hat 1.03) before the overhead coordinates (~760-960 after)
+    assert convergence_summary(posterior)["min_ess_bulk"] > 400

@@ -205,7 +205,9 @@ def test_real_mlperf_ladders_converge(shared_data, pattern, iterations):
     table = _mlperf_table(shared_data, pattern)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="every row is a step-level row")
-        tree = fit(table, draws=iterations, tune=iterations, chains=2, random_seed=0,
+        # four chains: split R-hat from two, maximised over ~100 parameters, crosses 1.01 by
+        # chance (Llama 3.1 8B, seed 0: comm_inter 1.0102 at bulk ESS 478, 0 divergences)
+        tree = fit(table, draws=iterations, tune=iterations, chains=4, random_seed=0,
                    progress=False)
     conv = convergence_summary(tree)
     assert conv["divergences"] == 0 and conv["max_rhat"] < 1.01, conv
@@ -295,3 +297,64 @@ def test_config_sd_is_drawn_from_its_conditional():
     cdf = np.cumsum(density) / density.sum()
     median = grid[np.searchsorted(cdf, 0.5)]
     assert float(draw({"config_sd_z": 0.0})) == pytest.approx(median, rel=0.03)
+
+
+def _overhead_model(bubble: float, intra: float, inter: float):
+    import pymc as pm
+
+    from bayesprism.model.step import _overhead_terms
+
+    d = {"reference_run": np.asarray(0), "schedule_bubble_slots": np.array([bubble]),
+         "intra_bandwidth": np.array([intra]), "inter_bandwidth": np.array([inter])}
+    with pm.Model() as model:
+        terms = _overhead_terms(d)
+    return model, terms
+
+
+def test_overhead_coordinates_are_an_exact_change_of_variables():
+    """Reference overhead O = be * b + c * B and bubble share s = be * b / O (b = 0.5 bubble
+    slots, B = 1.9 inter-node bandwidth factor): the potential is the log-normal priors' density
+    of (log be, log c), and the map from the sampler's coordinates has |Jacobian| 1."""
+    from scipy import special, stats
+
+    from bayesprism.model.step import BUBBLE_PRIOR, COMM_PRIORS
+
+    model, (efficiency, _, _, inter) = _overhead_model(0.5, 0.0, 1.9)
+    assert {v.name for v in model.free_RVs} == {"overhead_z", "bubble_share_z", "comm_latency",
+                                                "comm_intra"}
+    values = [model.rvs_to_values[model[name]] for name in ("overhead_z", "bubble_share_z")]
+    f = model.compile_fn([*model.replace_rvs_by_values([efficiency, inter]),
+                          model.potentiallogp], inputs=values, on_unused_input="ignore")
+
+    def at(u: float, t: float) -> np.ndarray:
+        return np.array([float(v) for v in f({"overhead_z": u, "bubble_share_z": t})])
+
+    # zero coordinates are the prior medians: efficiency 1, comm_inter 0.5 slots
+    np.testing.assert_allclose(at(0.0, 0.0)[:2], [1.0, 0.5], rtol=1e-12)
+    be, c, potential = at(0.3, -0.7)
+    overhead = (0.5 * 1.0 + 1.9 * 0.5) * np.exp(0.3)
+    share = special.expit(np.log(0.5 / 0.95) - 0.7)
+    assert be == pytest.approx(share * overhead / 0.5, rel=1e-12)
+    assert c == pytest.approx((1 - share) * overhead / 1.9, rel=1e-12)
+    expected = (stats.norm(*BUBBLE_PRIOR).logpdf(np.log(be))
+                + stats.norm(*COMM_PRIORS["comm_inter"]).logpdf(np.log(c)))
+    assert potential == pytest.approx(expected, rel=1e-7)
+    h = 1e-6
+    jacobian = np.column_stack([(np.log(at(0.3 + h * du, -0.7 + h * dt)[:2])
+                                 - np.log(at(0.3 - h * du, -0.7 - h * dt)[:2])) / (2 * h)
+                                for du, dt in ((1, 0), (0, 1))])
+    assert abs(np.linalg.det(jacobian)) == pytest.approx(1.0, rel=1e-6)
+
+
+def test_overhead_coordinates_follow_the_reference_tier_or_step_aside():
+    """An intra-node reference pairs the bubble with comm_intra; without a bubble at the
+    reference both costs are sampled directly."""
+    model, terms = _overhead_model(1.0, 1.75, 0.0)
+    assert {v.name for v in model.free_RVs} == {"overhead_z", "bubble_share_z", "comm_latency",
+                                                "comm_inter"}
+    names = ["bubble_efficiency", "comm_latency", "comm_intra", "comm_inter"]
+    assert [t.name for t in terms] == names
+    assert "comm_intra" in {v.name for v in model.deterministics}
+    model, terms = _overhead_model(0.0, 0.0, 1.9)
+    assert [v.name for v in model.free_RVs] == names  # the order of the model before
+    assert [t.name for t in terms] == names
