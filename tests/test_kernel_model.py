@@ -441,7 +441,7 @@ def test_mixture_row_likelihood_is_the_two_component_density():
 
 
 def test_timer_resolution_is_the_coarsest_grid_of_the_durations():
-    from bayesprism.model.kernel import timer_resolution
+    from bayesprism.model.rows import timer_resolution
 
     assert timer_resolution(np.exp(np.log([1.0, 2.0, 3.0, 163539.0]))) == 1.0
     assert timer_resolution([163539.084, 2.5]) == 0.001
