@@ -41,6 +41,12 @@ def _centre(values, weights, group):
     return values - _weighted_mean(values, weights, group, int(group.max()) + 1)[group]
 
 
+def _block_residuals(data: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Launches per GPU-step and their mean log deviation from their kernels' means."""
+    block_n = data["block_n"].sum(axis=1)
+    return block_n, data["block_dev"].sum(axis=1) / np.maximum(block_n, 1e-300)
+
+
 def unit_effect_estimates(data: dict, levels: list[str]) -> dict[str, tuple[np.ndarray, float]]:
     """Per level, the estimated unit effects (centred in their groups) and their standard error.
 
@@ -48,8 +54,7 @@ def unit_effect_estimates(data: dict, levels: list[str]) -> dict[str, tuple[np.n
     all classes pooled) are swept into step, cabinet, node and GPU effects by weighted means;
     a unit's standard error is the spread of what remains over its blocks.
     """
-    block_n = data["block_n"].sum(axis=1)
-    block_r = data["block_dev"].sum(axis=1) / np.maximum(block_n, 1e-300)
+    block_n, block_r = _block_residuals(data)
     gs_gpu, gs_step = data["gpustep_gpu"], data["gpustep_step"]
     n_gpu, n_step = int(gs_gpu.max()) + 1, int(gs_step.max()) + 1
     effects: dict[str, np.ndarray] = {}
@@ -87,8 +92,7 @@ def kernel_baseline_se(data: dict) -> np.ndarray:
     own noise: cell deviations from their block's pooled mean (unit effects cancel), averaged
     over a kernel's cells.
     """
-    block_n = data["block_n"].sum(axis=1)
-    block_r = data["block_dev"].sum(axis=1) / np.maximum(block_n, 1e-300)
+    block_n, block_r = _block_residuals(data)
     used = block_n > 0
     n_blocks = int(used.sum())
     mean_se = MIN_SE
