@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from bayesprism.collectives import launch_work_us
 from bayesprism.errors import InputError, Problem
 
 BASELINES: tuple[str, ...] = ("pooled", "deterministic")
@@ -77,13 +78,14 @@ def kernel_point_estimates(table: pd.DataFrame, method: str) -> tuple[pd.DataFra
                 "kernel baselines need kernel rows; the table has only steps",
             )
         )
-    log_d = np.log(rows["duration_us"].to_numpy(dtype=float))
+    # the same launch work as the kernel model: the composition adds waiting for peers
+    work_us, _ = launch_work_us(rows)
     frame = pd.DataFrame(
         {
             "kernel": rows["kernel"].astype(str).to_numpy(),
             "kernel_class": rows["kernel_class"].astype(str).to_numpy(),
-            "log_d": log_d,
-            "d": rows["duration_us"].to_numpy(dtype=float),
+            "log_d": np.log(work_us),
+            "d": work_us,
         }
     )
     grouped = frame.groupby("kernel", sort=True)

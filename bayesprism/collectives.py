@@ -15,6 +15,7 @@ uses the inter-node tier's parameters. Works on scalars and NumPy arrays alike.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from bayesprism.schema import COLLECTIVE_CLASSES
 
@@ -23,6 +24,7 @@ __all__ = [
     "TIERS",
     "bandwidth_factor",
     "latency_steps",
+    "launch_work_us",
     "tier_of",
     "transfer_time_us",
 ]
@@ -65,3 +67,26 @@ def transfer_time_us(kind: str, group_size, nbytes, latency_us, bandwidth_gbps):
     return latency_us * latency_steps(kind, group_size) + np.asarray(nbytes, dtype=float) * (
         bandwidth_factor(kind, group_size)
     ) / (np.asarray(bandwidth_gbps, dtype=float) * 1e3)
+
+
+def launch_work_us(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Duration (µs) of each launch without waiting for peers: what kernel models describe.
+
+    A collective's measured duration includes waiting for the slowest participant, which is a
+    property of the step (the composition re-creates it), not of the kernel. Where ingest split
+    it off (``transfer_us`` finite and positive on a collective-class row) the transfer part is
+    the launch's work; every other row keeps ``duration_us``.
+
+    Returns
+    -------
+    (work_us, uses_transfer)
+        Work per row and the mask of rows whose value is ``transfer_us``.
+    """
+    work = rows["duration_us"].to_numpy(dtype=float).copy()
+    if "transfer_us" not in rows.columns:
+        return work, np.zeros(len(rows), dtype=bool)
+    transfer = pd.to_numeric(rows["transfer_us"], errors="coerce").to_numpy(dtype=float)
+    uses_transfer = (rows["kernel_class"].astype(str).isin(COLLECTIVE_CLASSES).to_numpy()
+                     & np.isfinite(transfer) & (transfer > 0))
+    work[uses_transfer] = transfer[uses_transfer]
+    return work, uses_transfer

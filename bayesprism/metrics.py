@@ -16,7 +16,8 @@ Definitions (F is the predictive distribution, y_1..y_m the held-out measurement
 ``coverage_50``, ``coverage_90``
     Fraction of observations inside the central 50% / 90% predictive interval
     [q_{(1−p)/2}, q_{(1+p)/2}] of their predictive distribution. A calibrated forecast covers
-    about p.
+    about p. Observations tied with predictive draws (whole-µs durations) count with the
+    probability that their randomised PIT falls inside (:func:`interval_coverage`).
 ``crps``
     Continuous ranked probability score, mean over observations of
     CRPS(F, y) = E|X − y| − ½ E|X − X'| (X, X' independent draws from F), in the units of
@@ -79,14 +80,34 @@ def ks_distance(predicted, observed) -> float:
 def interval_coverage(predicted, observed, level: float) -> float:
     """Fraction of observations inside the central ``level`` predictive interval.
 
-    The interval of each observation is [q_{(1−level)/2}, q_{(1+level)/2}] of its predictive
-    draws (the shared draws when ``predicted`` is 1-D), ends included.
+    An observation y is inside when its PIT lies in [(1 − level)/2, (1 + level)/2]. When
+    predictive draws tie with y (durations recorded on a timer grid, point forecasts), its PIT
+    is uniform on [F̂(y−), F̂(y)] (the randomised PIT of discrete forecasts) and it counts with
+    the probability that this PIT falls inside, so a calibrated forecast of whole-µs
+    durations covers ``level`` instead of more. Without ties this is the fraction inside
+    [q_{(1−level)/2}, q_{(1+level)/2}] of its predictive draws.
     """
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must lie in (0, 1), got {level}")
-    pred, obs = _as_arrays(predicted, observed)
-    lo, hi = np.quantile(pred, [(1.0 - level) / 2.0, (1.0 + level) / 2.0], axis=0)
-    return float(np.mean((obs >= lo) & (obs <= hi)))
+    below, at_most = _cdf_bounds(*_as_arrays(predicted, observed))
+    lo, hi = (1.0 - level) / 2.0, (1.0 + level) / 2.0
+    width = at_most - below
+    overlap = np.clip(np.minimum(at_most, hi) - np.maximum(below, lo), 0.0, None)
+    inside = np.where(width > 0, overlap / np.where(width > 0, width, 1.0),
+                      (below >= lo) & (below <= hi))
+    return float(np.mean(inside))
+
+
+def _cdf_bounds(pred: np.ndarray, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """F̂(y−) and F̂(y) of each observation under its predictive draws (1-D: shared)."""
+    if pred.ndim == 1:
+        x = np.sort(pred)
+        below = np.searchsorted(x, obs, side="left")
+        at_most = np.searchsorted(x, obs, side="right")
+        return below / x.size, at_most / x.size
+    below = np.sum(pred < obs[None, :], axis=0)
+    at_most = below + np.sum(pred == obs[None, :], axis=0)
+    return below / pred.shape[0], at_most / pred.shape[0]
 
 
 def _mean_abs_difference(sorted_draws: np.ndarray) -> np.ndarray:
@@ -160,15 +181,8 @@ def pit_values(predicted, observed) -> np.ndarray:
     F̂(y) = (#{x < y} + ½ #{x = y}) / n, so a point forecast equal to y gives ½. Uniform on
     [0, 1] when the forecast is calibrated.
     """
-    pred, obs = _as_arrays(predicted, observed)
-    if pred.ndim == 1:
-        x = np.sort(pred)
-        below = np.searchsorted(x, obs, side="left")
-        at_most = np.searchsorted(x, obs, side="right")
-        return (below + 0.5 * (at_most - below)) / x.size
-    below = np.sum(pred < obs[None, :], axis=0)
-    equal = np.sum(pred == obs[None, :], axis=0)
-    return (below + 0.5 * equal) / pred.shape[0]
+    below, at_most = _cdf_bounds(*_as_arrays(predicted, observed))
+    return 0.5 * (below + at_most)
 
 
 def score(predicted, observed) -> dict[str, float]:

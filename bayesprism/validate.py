@@ -30,7 +30,9 @@ from bayesprism.baselines import (
     step_baseline_draws,
     timed_steps,
 )
+from bayesprism.collectives import launch_work_us
 from bayesprism.errors import InputError, Problem
+from bayesprism.model.rows import timer_resolution
 from bayesprism.splits import SPLITS, concat_tables, split_table
 
 __all__ = [
@@ -53,12 +55,15 @@ class HeldoutPrediction:
 
     ``groups`` holds ``(draws, observed)`` pairs: for kernel tables one pair whose draws have
     shape ``(n_draws, n_rows)`` (column j predicts row j); for step tables one pair per held-out
-    layout with 1-D draws. ``skipped`` counts observations that could not be scored, by reason.
+    layout with 1-D draws. ``skipped`` counts observations that could not be scored, by reason;
+    ``on_transfer`` those scored on their transfer part (collective launches whose waiting for
+    peers was split off at ingest, :func:`bayesprism.collectives.launch_work_us`).
     """
 
     groups: list[tuple[np.ndarray, np.ndarray]]
     unit: str
     skipped: dict[str, int] = field(default_factory=dict)
+    on_transfer: int = 0
 
     @property
     def n_observed(self) -> int:
@@ -364,8 +369,12 @@ def predict_heldout(
     """Predictive draws of the held-out observations under one method.
 
     Kernel tables: every held-out row's duration (µs), :func:`predict_rows` on ``posterior``
-    (the bayesprism fit or a baseline's degenerate posterior). Step tables: the step time (s)
-    at each held-out layout (:func:`predict_step_layouts`).
+    (the bayesprism fit or a baseline's degenerate posterior), rounded to the fitted traces'
+    timer resolution when they have one (:func:`bayesprism.model.rows.timer_resolution`: the
+    predicted quantity is the recorded duration); a collective launch is scored on
+    its transfer part where ingest split off its waiting for peers (what every kernel model and
+    baseline fits: the wait belongs to the step and is scored with step times). Step tables:
+    the step time (s) at each held-out layout (:func:`predict_step_layouts`).
     """
     if is_step_table(heldout):
         return predict_step_layouts(
@@ -373,7 +382,14 @@ def predict_heldout(
         )
     rows = heldout.loc[heldout["kernel_class"] != "step"]
     pred, predictable = predict_rows(posterior, rows, draws=draws, rng=rng)
-    observed = rows["duration_us"].to_numpy(dtype=float)[predictable]
+    resolution = timer_resolution(launch_work_us(fit_table.loc[fit_table["kernel_class"]
+                                                               != "step"])[0])
+    if resolution > 0:
+        # Predict the recorded value: the held-out launches went through the fitted traces'
+        # timer (Kineto: whole µs), which rounds and never records less than one tick.
+        pred = np.maximum(np.round(pred / resolution), 1.0) * resolution
+    work_us, uses_transfer = launch_work_us(rows)
+    observed = work_us[predictable]
     skipped = {}
     if (~predictable).any():
         skipped["kernel without kernel_log_median"] = int((~predictable).sum())
@@ -389,7 +405,8 @@ def predict_heldout(
                 rows["kernel"].astype(str).iloc[0] if len(rows) else None,
             )
         )
-    return HeldoutPrediction([(pred, observed)], unit="duration_us", skipped=skipped)
+    return HeldoutPrediction([(pred, observed)], unit="duration_us", skipped=skipped,
+                             on_transfer=int(uses_transfer[predictable].sum()))
 
 
 # --------------------------------------------------------------------------------------------
@@ -459,6 +476,7 @@ def validate(
     pandas.DataFrame
         Index ``method``; columns :data:`bayesprism.metrics.METRICS` plus ``n_observed``.
         ``attrs`` hold ``pit`` (method → PIT values), ``skipped`` (method → reason → count),
+        ``on_transfer`` (collective launches scored on their transfer part),
         ``unit`` and ``split``.
     """
     unknown = [m for m in methods if m not in METHODS]
@@ -488,7 +506,7 @@ def validate(
             seed=seed,
             progress=progress,
         )
-    rows, pits, skipped, unit = [], {}, {}, None
+    rows, pits, skipped, on_transfer, unit = [], {}, {}, 0, None
     for method in methods:
         if method == "bayesprism" or is_step_table(fit_table):
             used = posterior if method == "bayesprism" else None
@@ -502,11 +520,12 @@ def validate(
         )
         pits[method] = prediction.pit()
         skipped[method] = prediction.skipped
-        unit = prediction.unit
+        on_transfer, unit = prediction.on_transfer, prediction.unit
     table = pd.DataFrame(rows).set_index("method")
     table.attrs = {
         "pit": pits,
         "skipped": skipped,
+        "on_transfer": on_transfer,
         "unit": unit,
         "split": heldout.attrs.get("split"),
     }

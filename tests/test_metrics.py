@@ -41,6 +41,28 @@ def test_coverage_of_a_known_normal():
     )
 
 
+def test_coverage_of_tied_draws_counts_the_randomised_pit():
+    # a point forecast equal to y: PIT uniform on [0, 1], inside the 90% interval w.p. 0.9
+    assert metrics.interval_coverage([3.0] * 4, [3.0], 0.9) == pytest.approx(0.9)
+    # draws 1,2,2,3: y = 2 has PIT uniform on [0.25, 0.75]; the 50% interval [0.25, 0.75]
+    # holds all of it, the 90% one too; y = 3 has PIT on [0.75, 1]: 0.2 / 0.25 inside 90%
+    draws = [1.0, 2.0, 2.0, 3.0]
+    assert metrics.interval_coverage(draws, [2.0], 0.5) == pytest.approx(1.0)
+    assert metrics.interval_coverage(draws, [3.0], 0.9) == pytest.approx(0.8)
+    assert metrics.interval_coverage(draws, [3.0], 0.5) == pytest.approx(0.0)
+
+
+def test_calibrated_forecast_of_whole_microsecond_durations_covers_its_level():
+    rng = np.random.default_rng(4)
+
+    def truth(n):  # recorded by a whole-µs timer
+        return np.maximum(np.round(3.0 * np.exp(0.3 * rng.standard_normal(n))), 1.0)
+
+    draws, observed = truth(20_000), truth(5_000)
+    assert metrics.interval_coverage(draws, observed, 0.9) == pytest.approx(0.9, abs=0.015)
+    assert metrics.interval_coverage(draws, observed, 0.5) == pytest.approx(0.5, abs=0.02)
+
+
 @pytest.mark.parametrize("y", [-3.0, 0.3, 1.0, 4.5])
 def test_sample_crps_matches_normal_closed_form(y):
     mu, sigma = 1.0, 2.0

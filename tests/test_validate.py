@@ -17,6 +17,7 @@ from bayesprism.metrics import METRICS
 from bayesprism.schema import validate_table, write_table
 from bayesprism.validate import (
     plot_pit_histogram,
+    predict_heldout,
     predict_rows,
     predicted_slowest,
     rank_step_times,
@@ -261,6 +262,36 @@ def test_validate_scores_baselines_on_a_node_split(kernel_table):
     assert result.loc["deterministic", "coverage_90"] < 0.1
     assert result.loc["pooled", "crps"] < result.loc["deterministic", "crps"]
     assert set(result.attrs["pit"]) == {"pooled", "deterministic"}
+
+
+def test_collectives_are_scored_on_their_transfer_and_whole_us_timers_on_their_grid(
+        kernel_table):
+    """Kineto-like data: whole-µs durations, an AllReduce whose waiting was split off."""
+    rng = np.random.default_rng(11)
+    table = kernel_table.copy()
+    table["duration_us"] = np.maximum(np.round(table["duration_us"]), 1.0)
+    n_ar = table["rank"].nunique() * table["step"].nunique()
+    ar = table.drop_duplicates(["rank", "step"]).head(n_ar).copy()
+    ar["kernel"], ar["kernel_class"] = "ncclAllReduce", "allreduce"
+    ar["transfer_us"] = np.round(50.0 * np.exp(0.05 * rng.standard_normal(len(ar))))
+    ar["wait_us"] = np.round(rng.uniform(100.0, 2000.0, len(ar)))
+    ar["duration_us"] = ar["transfer_us"] + ar["wait_us"]
+    table = pd.concat([table, ar], ignore_index=True)
+    table["kernel_class"] = table["kernel_class"].astype(str)
+    table.attrs = kernel_table.attrs
+    table = validate_table(table)
+    result = validate(table, split="nodes", seed=0, draws=400, methods=("pooled",))
+    held = split_table(table, "nodes", seed=0)[1]
+    assert result.attrs["on_transfer"] == int((held["kernel_class"] == "allreduce").sum()) > 0
+    # the pooled AllReduce is fitted on its transfer (~50 µs), not on transfer + wait: scored
+    # on the same quantity it is calibrated; on durations its 90% intervals would miss them all
+    assert result.loc["pooled", "coverage_90"] == pytest.approx(0.9, abs=0.05)
+    assert result.loc["pooled", "ks"] < 0.1
+    fit_table = split_table(table, "nodes", seed=0)[0]
+    prediction = predict_heldout("pooled", degenerate_posterior(fit_table, "pooled"), fit_table,
+                                 held, draws=50, rng=np.random.default_rng(0))
+    draws = prediction.groups[0][0]
+    assert np.array_equal(draws, np.round(draws)) and draws.min() >= 1.0
 
 
 def test_validate_needs_heldout_data_or_a_split(kernel_table):

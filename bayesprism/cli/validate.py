@@ -72,6 +72,9 @@ def run(args) -> int:
         for reason, count in skipped.items():
             if count:
                 print(f"not scored for {method}: {count} ({reason})")
+    if table.attrs.get("on_transfer"):
+        print(f"collective launches scored on transfer_us (their waiting for peers belongs to "
+              f"the step time): {table.attrs['on_transfer']}")
     print(table[list(METRICS)].to_string(float_format=lambda v: f"{v:.4g}"))
     if args.pit is not None:
         print(f"PIT histogram: {args.pit}")

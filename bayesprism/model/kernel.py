@@ -219,13 +219,11 @@ def prepare_kernel(
     kernel_rows = ~in_modelled_class
     fallback = sorted({class_labels_all[c] for c in np.unique(cls_all[kernel_rows])}
                       & set(coll.COLLECTIVE_CLASSES))
-    transfer_all = np.concatenate([
-        pd.to_numeric(t["transfer_us"], errors="coerce").to_numpy(dtype=float)
-        if "transfer_us" in t.columns else np.full(len(t), np.nan) for t in tables])
     fallback_rows = kernel_rows & np.isin(cls_all, [class_labels_all.index(c) for c in fallback])
     # Waiting for the slowest peer is re-created by the composition: where ingest split it
     # off, fit the transfer part only, so waiting is not counted twice.
-    use_transfer = fallback_rows & np.isfinite(transfer_all) & (transfer_all > 0)
+    work_parts = [coll.launch_work_us(t) for t in tables]
+    use_transfer = kernel_rows & np.concatenate([uses for _, uses in work_parts])
     if fallback:
         notes.append(
             "collective classes without a cost model (no bytes/group size) fitted as kernels: "
@@ -240,7 +238,7 @@ def prepare_kernel(
     gpu_all = np.concatenate([t["gpu"].to_numpy(dtype=np.int64) for t in tables])
     step_all = np.concatenate([t["step"].to_numpy(dtype=np.int64) for t in tables])
     y_all = np.log(np.concatenate([t["duration_us"].to_numpy(dtype=float) for t in tables]))
-    y_all[use_transfer] = np.log(transfer_all[use_transfer])
+    y_all[use_transfer] = np.log(np.concatenate([work for work, _ in work_parts])[use_transfer])
 
     coords: dict[str, list] = {}
     data: dict[str, np.ndarray] = {}
