@@ -108,7 +108,8 @@ def _gpustep_term(
 
 
 def _residual_cell_mean(
-    post: xr.Dataset, flat, c: np.ndarray, n: np.ndarray, rng: np.random.Generator
+    post: xr.Dataset, flat, c: np.ndarray, n: np.ndarray, rng: np.random.Generator,
+    stretch: np.ndarray | None = None,
 ) -> np.ndarray:
     """Mean of the log residuals of a cell's n launches, drawn per posterior draw (draws, cells).
 
@@ -117,9 +118,11 @@ def _residual_cell_mean(
     than by the CLT (cells often hold a few launches, and with rare slow launches the cell mean
     is far from normal): the number of slow launches is K ~ Binomial(n, w), and given K the
     mean is ``N(K·δ/n, √((n − K)·σ² + K·s²)/n)``. Its mean ``w·δ`` and variance
-    ``((1 − w)σ² + w·s² + w(1 − w)δ²)/n`` are those of the mixture.
+    ``((1 − w)σ² + w·s² + w(1 − w)δ²)/n`` are those of the mixture. ``stretch`` (draws,
+    cells): the step-noise factor of each cell's step, multiplying σ (``s² − σ²`` is kept).
     """
-    sigma = flat("resid_scale")[:, c]
+    fitted_sigma = flat("resid_scale")[:, c]
+    sigma = fitted_sigma if stretch is None else fitted_sigma * stretch
     noise = rng.standard_normal(sigma.shape)
     if "resid_slow_weight" not in post:
         return sigma * noise / np.sqrt(n)
@@ -129,6 +132,7 @@ def _residual_cell_mean(
                                  "a mixture residual needs all of " + ", ".join(RESID_SLOW_VARS),
                                  example=[v for v in RESID_SLOW_VARS if v in post]))
     weight, shift, slow_sd = (flat(v)[:, c] for v in RESID_SLOW_VARS)
+    slow_sd = np.sqrt(slow_sd**2 - fitted_sigma**2 + sigma**2)
     launches = np.maximum(np.rint(n), 1).astype(np.int64)
     slow = rng.binomial(np.broadcast_to(launches, weight.shape), np.clip(weight, 0.0, 1.0))
     spread = np.sqrt((launches - slow) * sigma**2 + slow * slow_sd**2) / launches
@@ -228,7 +232,16 @@ def cell_predictive_check(
     if "gpustep_scale" in post:
         mu = mu + flat("gpustep_scale")[:, c] * _gpustep_term(post, groups, flat, mu.shape, rng)
     if "resid_scale" in post:
-        mu = mu + _residual_cell_mean(post, flat, c, n, rng)
+        stretch = None
+        if "step_noise" in post:  # a cell's launches share their step's residual stretch
+            units = _unit_index(groups, "step_unit",
+                                post["step_noise"].coords["step_unit"].to_numpy())
+            if units is None:
+                notes.append("cells are not linked to their step: the residual is predicted "
+                             "without its step's noise factor")
+            else:
+                stretch = np.exp(flat("step_noise")[:, units])
+        mu = mu + _residual_cell_mean(post, flat, c, n, rng, stretch)
     if "resid_nu" in post:
         notes.append("Student-t residual: cell means are predicted with a normal residual of sd "
                      "resid_scale/√n (the tails of the cell means are not checked)")

@@ -42,6 +42,7 @@ DEFAULT_PRIORS: dict[str, float] = {
     "resid_slow_weight_beta": 19.0,  # Beta(1, b) prior on w, the share of slow launches (5 %)
     "resid_slow_shift": 0.5,  # half-normal scale of δ ≥ 0, the slow launches' log shift
     "resid_slow_sd": 0.5,  # half-normal scale of τ, the slow launches' extra log sd
+    "step_noise_scale": 1.0,  # half-normal scale of the sd of steps' log residual-scale factors
     "coll_latency_us": 10.0,  # prior median of the per-step collective latency
     "coll_bandwidth_gbps": 50.0,  # prior median of the bus bandwidth
     "coll_log_sd": 2.0,  # sd of log latency / log bandwidth around their medians
@@ -86,6 +87,12 @@ class ModelSpec:
         at least ``dense_launches`` launches each on average).
     collective_model
         ``"ring"`` (cost model of ``bayesprism.collectives`` on ``transfer_us``) or ``"none"``.
+    step_noise
+        Steps differ in how noisy they are, not only in level (warm-up repeats, interference):
+        the residual sd of every launch of step s (the core's, for ``mixture``) is scaled by
+        ``exp(step_noise[s])``, a centred zero-sum effect with sd ``step_noise_scale``.
+        Needs the ``step`` level and a row likelihood (``student_t`` or ``mixture``): the
+        cell likelihood pools squared deviations over steps.
     priors
         Named prior scales overriding :data:`DEFAULT_PRIORS`.
     dense_launches
@@ -102,6 +109,7 @@ class ModelSpec:
     levels: tuple[str, ...] = ("node", "gpu", "step", "gpustep")
     parameterisation: str = "auto"
     collective_model: str = "ring"
+    step_noise: bool = False
     priors: dict[str, float] = field(default_factory=dict)
     dense_launches: float = DEFAULT_DENSE_LAUNCHES
     step: dict[str, Any] = field(default_factory=dict)
@@ -175,6 +183,17 @@ class ModelSpec:
                     example=self.dense_launches,
                 )
             )
+        if not isinstance(self.step_noise, bool):
+            problems.append(Problem("model spec", "step_noise", "must be true or false",
+                                    example=self.step_noise))
+        elif self.step_noise and self.kind == "kernel" and (
+                "step" not in self.levels or self.likelihood not in ROW_LIKELIHOODS):
+            problems.append(Problem(
+                "model spec", "step_noise",
+                "needs the 'step' level and a row likelihood ("
+                + " or ".join(ROW_LIKELIHOODS) + "): the cell likelihood pools squared "
+                "deviations over steps", example=f"likelihood={self.likelihood}, "
+                f"levels={list(self.levels)}"))
         if not isinstance(self.step, dict):
             problems.append(Problem("model spec", "step", "must be a table", example=self.step))
         if problems:
@@ -346,5 +365,6 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
         likelihood="mixture",
         levels=("cabinet", "node", "gpu", "step"),
         collective_model="none",
+        step_noise=True,
     ),
 }

@@ -31,6 +31,7 @@ from bayesprism.baselines import (
     timed_steps,
 )
 from bayesprism.collectives import launch_work_us
+from bayesprism.composition import DEFAULT_MAX_SLOWDOWN
 from bayesprism.errors import InputError, Problem
 from bayesprism.model.rows import timer_resolution
 from bayesprism.splits import SPLITS, concat_tables, split_table
@@ -119,13 +120,14 @@ class _DrawPicker:
         return z[self.index, self.occurrence]
 
 
-def _level_term(posterior, picker, rng, level, unit_dim, labels, class_codes, classes):
-    """loading[c] · effect[unit] per (draw, row), fitted effect where the unit was fitted."""
-    loading = posterior[f"{level}_scale"].sel(kernel_class=classes)
-    loading = picker.take(_flat_samples(loading))[:, class_codes]
+def _unit_values(posterior, picker, rng, effect_var, level, unit_dim, labels, new_scale=None,
+                 resample_seed=None):
+    """``effect_var`` of each row's unit per (draw, row): its fitted value where the unit was
+    fitted, else a fresh draw from the level's population (times ``new_scale`` per draw), or
+    with ``resample_seed`` the value of a fitted unit picked at random per draw (the same
+    picks for every variable resampled with the same seed)."""
     codes, uniques = pd.factorize(pd.Series(labels, dtype=str), sort=True)
-    effects = np.empty((picker.index.size, len(uniques)))
-    effect_var = f"{level}_effect"
+    values = np.empty((picker.index.size, len(uniques)))
     fitted = (
         set(posterior[effect_var].coords[unit_dim].to_numpy().astype(str))
         if effect_var in posterior
@@ -134,9 +136,26 @@ def _level_term(posterior, picker, rng, level, unit_dim, labels, class_codes, cl
     known = np.array([u in fitted for u in uniques], dtype=bool)
     if known.any():
         da = posterior[effect_var].sel({unit_dim: list(uniques[known])})
-        effects[:, known] = picker.take(_flat_samples(da))
-    effects[:, ~known] = picker.new_effects(posterior, level, int((~known).sum()), rng)
-    return loading * effects[:, codes]
+        values[:, known] = picker.take(_flat_samples(da))
+    n_new = int((~known).sum())
+    if resample_seed is not None and n_new:
+        every = picker.take(_flat_samples(posterior[effect_var]))
+        picks = np.random.default_rng(resample_seed).integers(every.shape[1],
+                                                              size=(every.shape[0], n_new))
+        values[:, ~known] = np.take_along_axis(every, picks, axis=1)
+        return values[:, codes]
+    new = picker.new_effects(posterior, level, n_new, rng)
+    values[:, ~known] = new if new_scale is None else new * new_scale[:, None]
+    return values[:, codes]
+
+
+def _level_term(posterior, picker, rng, level, unit_dim, labels, class_codes, classes,
+                resample_seed=None):
+    """loading[c] · effect[unit] per (draw, row), fitted effect where the unit was fitted."""
+    loading = posterior[f"{level}_scale"].sel(kernel_class=classes)
+    loading = picker.take(_flat_samples(loading))[:, class_codes]
+    return loading * _unit_values(posterior, picker, rng, f"{level}_effect", level, unit_dim,
+                                  labels, resample_seed=resample_seed)
 
 
 def predict_rows(
@@ -159,7 +178,9 @@ def predict_rows(
     Returns
     -------
     (durations, predictable)
-        ``durations`` of shape ``(draws, n_predictable)`` and the boolean mask of rows whose
+        ``durations`` of shape ``(draws, n_predictable)``, each at most
+        ``DEFAULT_MAX_SLOWDOWN`` times its kernel's typical time (the composition's cap, see
+        ``bayesprism.composition``), and the boolean mask of rows whose
         kernel has a ``kernel_log_median`` (kernels modelled only by the collective cost model,
         or never fitted, are not predicted here).
     """
@@ -171,7 +192,8 @@ def predict_rows(
     rows = rows.loc[predictable]
     picker = _DrawPicker(post.sizes["chain"] * post.sizes["draw"], draws, rng)
     kernel_pos = pd.Index(kernels).get_indexer(row_kernels[predictable])
-    log_d = picker.take(_flat_samples(post["kernel_log_median"]))[:, kernel_pos]
+    log_median = picker.take(_flat_samples(post["kernel_log_median"]))[:, kernel_pos]
+    log_d = np.zeros_like(log_median)  # the launch's log multiplier, every level and residual
     class_codes, classes = pd.factorize(rows["kernel_class"].astype(str), sort=True)
     classes = list(classes)
     node = rows["node"].astype(str).to_numpy()
@@ -184,17 +206,28 @@ def predict_rows(
     ]
     if "cabinet" in rows.columns:
         levels.append(("cabinet", "cabinet", rows["cabinet"].astype(str).to_numpy()))
+    # With step_noise a new step is one of the fitted steps, level and noise together (a
+    # warm-up repeat is both slower and noisier; a normal population of each, drawn
+    # independently, knows neither that nor that it happens once per run).
+    step_seed = int(rng.integers(2**63)) if "step_noise" in post else None
     for level, unit_dim, labels in levels:
         if f"{level}_scale" in post:
-            log_d += _level_term(post, picker, rng, level, unit_dim, labels, class_codes, classes)
+            log_d += _level_term(post, picker, rng, level, unit_dim, labels, class_codes, classes,
+                                 resample_seed=step_seed if level == "step" else None)
     n = len(rows)
     if "gpustep_scale" in post:
         cell = pd.factorize(pd.Series(gpu_unit + "|" + step_unit))[0]
         n_cells = int(cell.max()) + 1 if n else 0
         loading = picker.take(_flat_samples(post["gpustep_scale"].sel(kernel_class=classes)))
         log_d += loading[:, class_codes] * rng.standard_normal((draws, n_cells))[:, cell]
-    log_d += _residual_draws(post, picker, classes, class_codes, rng)
-    return np.exp(log_d), predictable
+    stretch = None
+    if "step_noise" in post:  # a noisy step stretches its residual (spec step_noise)
+        stretch = np.exp(_unit_values(post, picker, rng, "step_noise", "step_noise",
+                                      "step_unit", step_unit, resample_seed=step_seed))
+    log_d += _residual_draws(post, picker, classes, class_codes, rng, stretch)
+    # As in the composition: a launch more than max_slowdown times its typical time is a dead
+    # GPU, not a slow one (heavy-tailed populations fitted on few units reach e^40 otherwise).
+    return np.exp(log_median + np.minimum(log_d, math.log(DEFAULT_MAX_SLOWDOWN))), predictable
 
 
 def _residual_draws(
@@ -203,27 +236,30 @@ def _residual_draws(
     classes: list[str],
     class_codes: np.ndarray,
     rng: np.random.Generator,
+    stretch: np.ndarray | None = None,
 ) -> np.ndarray:
     """One launch residual (log scale) per (draw, row) under the fitted residual distribution.
 
     ``lognormal``: ``resid_scale·N(0, 1)``; ``student_t`` (``resid_nu`` present):
     ``resid_scale·t(ν)``; ``mixture`` (``resid_slow_weight`` present): with probability
     ``resid_slow_weight`` a slow launch ``N(resid_slow_shift, resid_slow_sd)``, else the core
-    ``N(0, resid_scale)``.
+    ``N(0, resid_scale)``. ``stretch`` (draw, row): each row's step-noise factor, multiplying
+    ``resid_scale`` (the slow component keeps its shift and extra spread).
     """
 
     def per_row(name: str) -> np.ndarray:
         da = post[name].broadcast_like(post["resid_scale"]).sel(kernel_class=classes)
         return picker.take(_flat_samples(da))[:, class_codes]
 
-    scale = per_row("resid_scale")
+    fitted_scale = per_row("resid_scale")
+    scale = fitted_scale if stretch is None else fitted_scale * stretch
     if "resid_nu" in post:  # Student-t residual
         return scale * rng.standard_t(per_row("resid_nu"))
     residual = scale * rng.standard_normal(scale.shape)
     if "resid_slow_weight" in post:  # two-component (slow-launch) residual
         slow = rng.random(scale.shape) < per_row("resid_slow_weight")
-        slow_draws = (per_row("resid_slow_shift")
-                      + per_row("resid_slow_sd") * rng.standard_normal(scale.shape))
+        slow_sd = np.sqrt(per_row("resid_slow_sd") ** 2 - fitted_scale**2 + scale**2)
+        slow_draws = per_row("resid_slow_shift") + slow_sd * rng.standard_normal(scale.shape)
         residual = np.where(slow, slow_draws, residual)
     return residual
 

@@ -101,7 +101,9 @@ RESID_SLOW_VARS = ("resid_slow_weight", "resid_slow_shift", "resid_slow_sd")
 
 
 def residual_moments(
-    scale: np.ndarray, slow: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    scale: np.ndarray,
+    slow: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    step_noise: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Mean and variance of one launch's residual factor ``exp(eps)``, per draw.
 
@@ -112,6 +114,14 @@ def residual_moments(
     slow
         ``(weight, shift, slow_sd)`` of a ``mixture`` residual, each (D,), or None (lognormal):
         ``eps ~ (1 - weight) N(0, scale) + weight N(shift, slow_sd)``.
+    step_noise
+        ``step_noise`` (D, S) of a fit with ``step_noise`` (the S fitted steps' log
+        residual-scale factors), or None: a new step is one of the fitted steps, picked at
+        random (as in ``bayesprism.validate.predict_rows``), its core sd ``exp(lam) * scale``
+        (the slow component keeps its shift and extra spread); the moments are those of a
+        launch in such a step (the mean of the steps' moments, plus the variance of their
+        means). Launches of one step share ``lam``; a sum over them treated as independent
+        understates that shared part.
 
     Returns
     -------
@@ -122,6 +132,16 @@ def residual_moments(
         difference of the component means (no cancellation for small sds).
     """
     scale = np.asarray(scale, dtype=float)
+    if step_noise is not None:
+        factor = np.exp(np.asarray(step_noise, dtype=float))  # (D, S)
+        core = scale[:, None] * factor
+        stretched = None if slow is None else (
+            np.asarray(slow[0], dtype=float)[:, None],
+            np.asarray(slow[1], dtype=float)[:, None],
+            np.sqrt(np.asarray(slow[2], dtype=float)[:, None] ** 2
+                    - scale[:, None] ** 2 + core**2))
+        mean, var = residual_moments(core, stretched)
+        return mean.mean(axis=1), var.mean(axis=1) + mean.var(axis=1)
     core_mean = np.exp(0.5 * scale**2)
     core_var = np.expm1(scale**2) * np.exp(scale**2)
     if slow is None:
@@ -267,7 +287,8 @@ def _traced_gaps_us(
             typical_us = np.exp(flat_draws(group["kernel_log_median"].sel(kernel=name)))
             if "resid_scale" in group and cls in class_names:
                 resid = flat_draws(group["resid_scale"].sel(kernel_class=cls))
-                typical_us = typical_us * residual_moments(resid, slow.get(cls))[0]
+                step_noise = flat_draws(group["step_noise"]) if "step_noise" in group else None
+                typical_us = typical_us * residual_moments(resid, slow.get(cls), step_noise)[0]
             mean_us[:, k] = typical_us
         elif cls in modelled and "coll_latency_us" in group:
             size = float(inventory["group_size"].sel(kernel=name)) if (
@@ -326,6 +347,8 @@ class PosteriorArrays:
     # kernel class -> (resid_slow_weight, resid_slow_shift, resid_slow_sd), each (D,): the slow
     # component of a ``mixture`` residual (empty for other likelihoods)
     resid_slow: dict = field(default_factory=dict)
+    # (D, S) fitted steps' log residual-scale factors (spec ``step_noise``), else None
+    step_noise: np.ndarray | None = None
 
 
 #: Extracted arrays per live posterior, keyed by ``id`` (the entry is dropped when the posterior
@@ -407,6 +430,7 @@ def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
                 coll_spread[(name, c)] = values[:, i]
     return PosteriorArrays(
         resid_slow=_resid_slow(group),
+        step_noise=flat_draws(group["step_noise"]) if "step_noise" in group else None,
         draws=int(group.sizes["chain"] * group.sizes["draw"]),
         traced=traced,
         modelled=frozenset(modelled),
@@ -501,7 +525,8 @@ def build_plan_model(
     def resid_moments(cls: str) -> tuple[np.ndarray, np.ndarray]:
         # typical: no variability at all, the slow component included
         slow = None if typical else arrays.resid_slow.get(cls)
-        return residual_moments(class_scale("resid", cls), slow)
+        step_noise = None if typical else arrays.step_noise
+        return residual_moments(class_scale("resid", cls), slow, step_noise)
 
     tp0, pp0, cp0, m0 = traced["tp"], traced["pp"], traced["cp"], traced["microbatches"]
     tp, pp, cp, m = plan.tp, plan.pp, plan.cp, plan.microbatches

@@ -89,7 +89,7 @@ def residual_variants(fit_table, held, model: str, post, result: pd.DataFrame, a
     """
     import dataclasses
 
-    from bayesprism.spec import ModelSpec
+    from bayesprism.spec import ROW_LIKELIHOODS, ModelSpec
     from bayesprism.validate import validate
 
     base = ModelSpec.load(model)
@@ -100,7 +100,9 @@ def residual_variants(fit_table, held, model: str, post, result: pd.DataFrame, a
         if likelihood == base.likelihood:
             continue
         label = f"bayesprism[{likelihood}]"
-        spec = dataclasses.replace(base, likelihood=likelihood, name=f"{base.name}-{likelihood}")
+        # step_noise stretches a row residual: a cell-likelihood variant fits without it
+        spec = dataclasses.replace(base, likelihood=likelihood, name=f"{base.name}-{likelihood}",
+                                   step_noise=base.step_noise and likelihood in ROW_LIKELIHOODS)
         tree, _ = fit(fit_table, spec, args)
         variants[label] = tree
         extra = validate(fit_table, held, posterior=tree, seed=args.seed,

@@ -613,8 +613,12 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
             step_part = step_part + centred[:, None] * loading[None, :]
         else:
             gpu_part = gpu_part + centred[d[f"{level}_of_gpu"]][:, None] * loading[None, :]
-        if level in ("node", "cabinet"):
-            shift = shift + loading[cls] * pt.mean(effect)
+        # The likelihood sees effects centred on the fitted units; a level with one group (one
+        # run's steps, one node's GPUs) keeps their mean as a prior-only coordinate. The
+        # contract adds loading·effect to kernel_log_median, so the median moves by that mean
+        # (zero for nested levels): fitted units then predict their own fitted level, and a
+        # new unit's deviation from the fitted ones carries the mean's uncertainty.
+        shift = shift + loading[cls] * pt.mean(effect)
     pm.Deterministic("kernel_log_median", a_free - shift, dims="kernel")
     gpustep = None
     if "gpustep" in attrs["levels"]:

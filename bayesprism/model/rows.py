@@ -30,21 +30,47 @@ def row_likelihood(prepared, spec: ModelSpec, a_free, beta, resid, gpustep) -> N
     if gpustep is not None:
         z = pm.Normal("gpustep_z", 0.0, 1.0, dims="gpustep")
         mu = mu + gpustep[c] * z[gs]
+    noise = _step_noise_factor(prepared, spec)
     if spec.likelihood == "mixture":
-        _mixture_likelihood(spec, mu, resid, c, d["row_log_duration"])
+        _mixture_likelihood(spec, mu, resid, c, d["row_log_duration"], noise)
         return
     if spec.likelihood == "lognormal":
-        pm.Normal("log_duration", mu=mu, sigma=resid[c], observed=d["row_log_duration"],
-                  dims="row")
+        pm.Normal("log_duration", mu=mu, sigma=resid[c] * noise,
+                  observed=d["row_log_duration"], dims="row")
         return
     nu_excess = pm.Gamma("resid_nu_minus_one", 2.0, spec.prior("nu_rate"), dims="kernel_class")
     nu = pm.Deterministic("resid_nu", 1.0 + nu_excess, dims="kernel_class")
-    pm.StudentT("log_duration", nu=nu[c], mu=mu, sigma=resid[c],
+    pm.StudentT("log_duration", nu=nu[c], mu=mu, sigma=resid[c] * noise,
                 observed=d["row_log_duration"], dims="row")
 
 
-def _mixture_likelihood(spec: ModelSpec, mu, resid, row_class, observed: np.ndarray) -> None:
+def _step_noise_factor(prepared, spec: ModelSpec):
+    """Each row's residual-scale factor ``exp(step_noise[step])`` (1.0 without ``step_noise``).
+
+    ``step_noise`` is centred and zero-sum over the fitted steps: steps are data-rich (every
+    GPU's launches inform each), the regime where centred zero-sum effects mix, and the sum
+    constraint keeps the per-class ``resid_scale`` the scale of a typical step.
+    """
+    if not spec.step_noise:
+        return 1.0
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    d = prepared.data
+    scale = pm.HalfNormal("step_noise_scale", spec.prior("step_noise_scale"))
+    log_factor = pm.ZeroSumNormal("step_noise", sigma=scale, dims="step_unit")
+    row_step = pm.Data("row_step", d["gpustep_step"][d["row_gpustep"]], dims="row")
+    return pt.exp(log_factor)[row_step]
+
+
+def _mixture_likelihood(spec: ModelSpec, mu, resid, row_class, observed: np.ndarray,
+                        noise=1.0) -> None:
     """Two-component residual per class: ε ~ (1 − w)·N(0, σ) + w·N(δ, √(σ² + τ²)).
+
+    With ``step_noise`` a step's core sd is σ times its factor ``noise`` (in both components:
+    the slow one's sd is √((σ·noise)² + τ²)); δ and τ, the rare slow launches, are not
+    stretched (stretching δ too put a noisy step's slow launches at e^{19 δ}: measured on PAL,
+    the slowest of 64 new runs twice too slow).
 
     The slow component is ordered after the core twice over (δ ≥ 0 and an sd ≥ σ) and its
     weight has a Beta(1, b) prior with a small mean, so the labels cannot switch; with no slow
@@ -64,18 +90,18 @@ def _mixture_likelihood(spec: ModelSpec, mu, resid, row_class, observed: np.ndar
                      dims="kernel_class")
     shift = pm.HalfNormal("resid_slow_shift", spec.prior("resid_slow_shift"), dims="kernel_class")
     extra = pm.HalfNormal("resid_slow_extra", spec.prior("resid_slow_sd"), dims="kernel_class")
-    slow_sd = pm.Deterministic("resid_slow_sd", pt.sqrt(resid**2 + extra**2),
-                               dims="kernel_class")
+    pm.Deterministic("resid_slow_sd", pt.sqrt(resid**2 + extra**2), dims="kernel_class")
     durations = np.exp(observed)
     rounding = pm.Data("row_rounding_var", (timer_resolution(durations) / durations) ** 2 / 12.0,
                        dims="row")
     w = weight[row_class]
+    core_var = (resid[row_class] * noise) ** 2
     pm.NormalMixture(
         "log_duration",
         w=pt.stack([1.0 - w, w], axis=-1),
         mu=pt.stack([mu, mu + shift[row_class]], axis=-1),
-        sigma=pt.stack([pt.sqrt(resid[row_class] ** 2 + rounding),
-                        pt.sqrt(slow_sd[row_class] ** 2 + rounding)], axis=-1),
+        sigma=pt.stack([pt.sqrt(core_var + rounding),
+                        pt.sqrt(core_var + extra[row_class] ** 2 + rounding)], axis=-1),
         observed=observed,
         dims="row",
     )

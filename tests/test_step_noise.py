@@ -1,0 +1,105 @@
+"""Steps that differ in noise (spec ``step_noise``): the spec's checks, the fit's recovery of a
+noisy step, and the consumers (held-out predictions, workload moments)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bayesprism.errors import SpecError
+from bayesprism.schema import validate_table
+from bayesprism.spec import ModelSpec
+from bayesprism.workload import residual_moments
+
+NOISY_STEP_FACTOR = 6.0
+CORE_SD = 0.02
+
+
+def test_step_noise_needs_a_row_likelihood_and_the_step_level():
+    with pytest.raises(SpecError, match=r"step_noise.*row likelihood"):
+        ModelSpec(likelihood="lognormal", step_noise=True)
+    with pytest.raises(SpecError, match="step_noise"):
+        ModelSpec(likelihood="mixture", levels=("node", "gpu"), step_noise=True)
+    with pytest.raises(SpecError, match="true or false"):
+        ModelSpec(likelihood="mixture", step_noise="yes")
+    spec = ModelSpec.load("benchmark")
+    assert spec.step_noise and ModelSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_workload_moments_average_the_fitted_steps():
+    # two fitted steps, core sd 0.1 stretched x2 and x0.5: the moments of a launch in a step
+    # picked at random are the average of the two lognormals' (plus the spread of their means)
+    scale = np.array([0.1])
+    lam = np.log([[2.0, 0.5]])
+    mean, var = residual_moments(scale, step_noise=lam)
+    m2, v2 = residual_moments(np.array([0.2, 0.05]))
+    assert mean[0] == pytest.approx(m2.mean(), rel=1e-12)
+    assert var[0] == pytest.approx(v2.mean() + m2.var(), rel=1e-12)
+    # a mixture keeps its shift and its extra spread; only the core is stretched
+    slow = (np.array([0.1]), np.array([0.5]), np.array([np.hypot(0.1, 0.3)]))
+    mean, _ = residual_moments(scale, slow, step_noise=lam)
+    expected = [residual_moments(np.array([s]), (np.array([0.1]), np.array([0.5]),
+                                                 np.array([np.hypot(s, 0.3)])))[0][0]
+                for s in (0.2, 0.05)]
+    assert mean[0] == pytest.approx(np.mean(expected), rel=1e-12)
+
+
+def noisy_step_table(seed: int = 5) -> pd.DataFrame:
+    """Benchmark repeats: 6 nodes x 4 GPUs x 5 repeats x 4 runs of one kernel; repeat 0 is
+    ``NOISY_STEP_FACTOR`` times noisier than the others (and 20 % slower)."""
+    rng = np.random.default_rng(seed)
+    nodes, gpus, steps, launches = 6, 4, 5, 4
+    n, g, s, _ = (a.ravel() for a in np.meshgrid(np.arange(nodes), np.arange(gpus),
+                                                  np.arange(steps), np.arange(launches),
+                                                  indexing="ij"))
+    node_effect = 0.03 * rng.standard_normal(nodes)
+    sd = np.where(s == 0, NOISY_STEP_FACTOR * CORE_SD, CORE_SD)
+    log_d = np.log(1e4) + node_effect[n] + np.where(s == 0, 0.2, 0.0) + sd * rng.standard_normal(
+        n.size)
+    table = pd.DataFrame({
+        "run": "bench", "step": s, "rank": n * gpus + g, "node": [f"n{i}" for i in n], "gpu": g,
+        "kernel": "gemm", "kernel_class": "gemm", "duration_us": np.exp(log_d),
+    })
+    table.attrs = {"schema_version": 1, "skipped": {}, "notes": [], "runs": {}}
+    return validate_table(table)
+
+
+@pytest.fixture(scope="module")
+def noisy_fit():
+    # 300 draws: the single run's prior-only step-mean coordinate (and kernel_log_median,
+    # which carries it) reach R-hat ~1.05; the assertions below hold with wide margins
+    from bayesprism.inference import fit
+
+    spec = dataclasses.replace(ModelSpec.load("benchmark"), levels=("node", "step"))
+    return noisy_step_table(), fit(noisy_step_table(), spec, draws=300, tune=300, chains=2,
+                                   random_seed=3, progress=False)
+
+
+@pytest.mark.filterwarnings("ignore::bayesprism.errors.ConvergenceWarning")
+def test_a_noisy_repeat_is_recovered_and_predicted_with_its_own_spread(noisy_fit):
+    from bayesprism.validate import predict_rows
+
+    table, tree = noisy_fit
+    post = tree["posterior"]
+    lam = post["step_noise"].to_numpy().reshape(-1, 5)
+    # repeat 0 vs the mean of the others: log(6) = 1.79, within the 95 % interval
+    contrast = lam[:, 0] - lam[:, 1:].mean(axis=1)
+    lo, hi = np.quantile(contrast, [0.025, 0.975])
+    assert lo < np.log(NOISY_STEP_FACTOR) < hi and lo > 1.0
+    # new GPUs on fitted repeats: each repeat is predicted with its own spread
+    rows = table.loc[table["node"].isin(["n0"])].assign(node="new-node")
+    pred, _ = predict_rows(tree, rows, draws=400, rng=np.random.default_rng(0))
+    log_pred = np.log(pred)
+    step = rows["step"].to_numpy()
+    # spread across a repeat's launches, per draw (the new node's effect is shared by them)
+    within = [np.std(log_pred[:, step == k], axis=1).mean() for k in range(5)]
+    assert within[0] > 3.0 * max(within[1:])
+    # new repeats are fitted repeats picked at random: about 1 in 5 is the noisy one
+    new = rows.loc[rows["step"] == 1].assign(run="another", step=100)
+    log_new = np.log(predict_rows(tree, new, draws=2000, rng=np.random.default_rng(1))[0])
+    spread = np.std(log_new, axis=1)
+    share_noisy = np.mean(spread > 3.0 * np.median(spread))
+    assert 0.1 < share_noisy < 0.35
