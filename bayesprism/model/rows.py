@@ -90,18 +90,23 @@ def _mixture_likelihood(spec: ModelSpec, mu, resid, row_class, observed: np.ndar
                      dims="kernel_class")
     shift = pm.HalfNormal("resid_slow_shift", spec.prior("resid_slow_shift"), dims="kernel_class")
     extra = pm.HalfNormal("resid_slow_extra", spec.prior("resid_slow_sd"), dims="kernel_class")
-    pm.Deterministic("resid_slow_sd", pt.sqrt(resid**2 + extra**2), dims="kernel_class")
+    slow_sd = pm.Deterministic("resid_slow_sd", pt.sqrt(resid**2 + extra**2),
+                               dims="kernel_class")
     durations = np.exp(observed)
     rounding = pm.Data("row_rounding_var", (timer_resolution(durations) / durations) ** 2 / 12.0,
                        dims="row")
     w = weight[row_class]
-    core_var = (resid[row_class] * noise) ** 2
+    if spec.step_noise:
+        core_var = (resid[row_class] * noise) ** 2
+        slow_var = core_var + extra[row_class] ** 2
+    else:  # the same values; kept as the expressions the mixture tests were measured on
+        core_var, slow_var = resid[row_class] ** 2, slow_sd[row_class] ** 2
     pm.NormalMixture(
         "log_duration",
         w=pt.stack([1.0 - w, w], axis=-1),
         mu=pt.stack([mu, mu + shift[row_class]], axis=-1),
         sigma=pt.stack([pt.sqrt(core_var + rounding),
-                        pt.sqrt(core_var + extra[row_class] ** 2 + rounding)], axis=-1),
+                        pt.sqrt(slow_var + rounding)], axis=-1),
         observed=observed,
         dims="row",
     )
