@@ -4,10 +4,10 @@ Splits (``nodes``, ``gpus``, ``ranks``, ``steps``, ``scale``): :func:`split_tabl
 :mod:`bayesprism.splits` and re-exported here.
 
 Predictions (:func:`predict_heldout`): for kernel-level posteriors every held-out row (one
-kernel launch, or one benchmark run on one GPU) is simulated in its own context: fitted effects
-where its node/GPU/step was fitted, new effects drawn from the population
-(``bayesprism.population.draw_effects``) where not. For step-level posteriors the step time of
-every held-out layout is forecast with ``bayesprism.forecast`` at the logged layout of the run.
+kernel launch, or one benchmark run on one GPU) is simulated in its own context
+(:func:`bayesprism.row_predictive.predict_rows`, re-exported here). For step-level
+posteriors the step time of every held-out layout is forecast with ``bayesprism.forecast`` at
+the logged layout of the run.
 Scores are those of :mod:`bayesprism.metrics`; baselines are in :mod:`bayesprism.baselines`;
 the splits and table concatenation live in :mod:`bayesprism.splits` (re-exported here).
 """
@@ -31,9 +31,9 @@ from bayesprism.baselines import (
     timed_steps,
 )
 from bayesprism.collectives import launch_work_us
-from bayesprism.composition import DEFAULT_MAX_SLOWDOWN
 from bayesprism.errors import InputError, Problem
 from bayesprism.model.rows import timer_resolution
+from bayesprism.row_predictive import predict_rows
 from bayesprism.splits import SPLITS, concat_tables, split_table
 
 __all__ = [
@@ -79,189 +79,6 @@ class HeldoutPrediction:
     def pit(self) -> np.ndarray:
         """PIT value of every observation."""
         return metrics.pit_groups(self.groups)
-
-
-def _flat_samples(da: xr.DataArray) -> np.ndarray:
-    """(chain*draw, ...) array, chain-major (the order of ``population.draw_effects``)."""
-    other = [d for d in da.dims if d not in ("chain", "draw")]
-    return (
-        da.transpose("chain", "draw", *other)
-        .to_numpy()
-        .reshape((da.sizes["chain"] * da.sizes["draw"], *[da.sizes[d] for d in other]))
-    )
-
-
-class _DrawPicker:
-    """Posterior draws used for n predictive draws; new units get fresh effects per use."""
-
-    def __init__(self, n_samples: int, n: int, rng: np.random.Generator):
-        reps = math.ceil(n / n_samples)
-        order = np.concatenate([rng.permutation(n_samples) for _ in range(reps)])[:n]
-        self.index = order
-        self.occurrence = np.arange(n) // n_samples
-        self.reps = reps
-        self.n_samples = n_samples
-
-    def take(self, flat: np.ndarray) -> np.ndarray:
-        return flat[self.index]
-
-    def new_effects(
-        self, posterior: xr.Dataset, level: str, n_units: int, rng: np.random.Generator
-    ) -> np.ndarray:
-        if n_units == 0:
-            return np.zeros((self.index.size, 0))
-        if f"{level}_population" in posterior.attrs:
-            from bayesprism.population import draw_effects
-
-            z = draw_effects(posterior, level, n_units * self.reps, rng)
-        else:  # levels without a recorded family (step, cabinet) are standard normal
-            z = rng.standard_normal((self.n_samples, n_units * self.reps))
-        z = z.reshape(self.n_samples, self.reps, n_units)
-        return z[self.index, self.occurrence]
-
-
-def _unit_values(posterior, picker, rng, effect_var, level, unit_dim, labels, new_scale=None,
-                 resample_seed=None):
-    """``effect_var`` of each row's unit per (draw, row): its fitted value where the unit was
-    fitted, else a fresh draw from the level's population (times ``new_scale`` per draw), or
-    with ``resample_seed`` the value of a fitted unit picked at random per draw (the same
-    picks for every variable resampled with the same seed)."""
-    codes, uniques = pd.factorize(pd.Series(labels, dtype=str), sort=True)
-    values = np.empty((picker.index.size, len(uniques)))
-    fitted = (
-        set(posterior[effect_var].coords[unit_dim].to_numpy().astype(str))
-        if effect_var in posterior
-        else set()
-    )
-    known = np.array([u in fitted for u in uniques], dtype=bool)
-    if known.any():
-        da = posterior[effect_var].sel({unit_dim: list(uniques[known])})
-        values[:, known] = picker.take(_flat_samples(da))
-    n_new = int((~known).sum())
-    if resample_seed is not None and n_new:
-        every = picker.take(_flat_samples(posterior[effect_var]))
-        picks = np.random.default_rng(resample_seed).integers(every.shape[1],
-                                                              size=(every.shape[0], n_new))
-        values[:, ~known] = np.take_along_axis(every, picks, axis=1)
-        return values[:, codes]
-    new = picker.new_effects(posterior, level, n_new, rng)
-    values[:, ~known] = new if new_scale is None else new * new_scale[:, None]
-    return values[:, codes]
-
-
-def _level_term(posterior, picker, rng, level, unit_dim, labels, class_codes, classes,
-                resample_seed=None):
-    """loading[c] · effect[unit] per (draw, row), fitted effect where the unit was fitted."""
-    loading = posterior[f"{level}_scale"].sel(kernel_class=classes)
-    loading = picker.take(_flat_samples(loading))[:, class_codes]
-    return loading * _unit_values(posterior, picker, rng, f"{level}_effect", level, unit_dim,
-                                  labels, resample_seed=resample_seed)
-
-
-def predict_rows(
-    posterior: xr.DataTree, rows: pd.DataFrame, *, draws: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """Posterior predictive draws of the duration (µs) of every row, in its own context.
-
-    Parameters
-    ----------
-    posterior
-        A kernel-level posterior (or a degenerate baseline posterior).
-    rows
-        Trace-table rows to predict (columns ``run, step, node, gpu, kernel, kernel_class``,
-        optional ``cabinet``).
-    draws
-        Predictive draws per row (posterior draws are reused, new units redrawn, when fewer).
-    rng
-        Source of randomness.
-
-    Returns
-    -------
-    (durations, predictable)
-        ``durations`` of shape ``(draws, n_predictable)``, each at most
-        ``DEFAULT_MAX_SLOWDOWN`` times its kernel's typical time (the composition's cap, see
-        ``bayesprism.composition``), and the boolean mask of rows whose
-        kernel has a ``kernel_log_median`` (kernels modelled only by the collective cost model,
-        or never fitted, are not predicted here).
-    """
-    post = posterior["posterior"].to_dataset() if isinstance(posterior, xr.DataTree) else posterior
-    post = post.assign_attrs({**dict(getattr(posterior, "attrs", {})), **dict(post.attrs)})
-    kernels = post["kernel_log_median"].coords["kernel"].to_numpy().astype(str)
-    row_kernels = rows["kernel"].astype(str).to_numpy()
-    predictable = np.isin(row_kernels, kernels)
-    rows = rows.loc[predictable]
-    picker = _DrawPicker(post.sizes["chain"] * post.sizes["draw"], draws, rng)
-    kernel_pos = pd.Index(kernels).get_indexer(row_kernels[predictable])
-    log_median = picker.take(_flat_samples(post["kernel_log_median"]))[:, kernel_pos]
-    log_d = np.zeros_like(log_median)  # the launch's log multiplier, every level and residual
-    class_codes, classes = pd.factorize(rows["kernel_class"].astype(str), sort=True)
-    classes = list(classes)
-    node = rows["node"].astype(str).to_numpy()
-    gpu_unit = node + "/" + rows["gpu"].astype(str).to_numpy()
-    step_unit = rows["run"].astype(str).to_numpy() + "/" + rows["step"].astype(str).to_numpy()
-    levels = [
-        ("node", "node", node),
-        ("gpu", "gpu_unit", gpu_unit),
-        ("step", "step_unit", step_unit),
-    ]
-    if "cabinet" in rows.columns:
-        levels.append(("cabinet", "cabinet", rows["cabinet"].astype(str).to_numpy()))
-    # With step_noise a new step is one of the fitted steps, level and noise together (a
-    # warm-up repeat is both slower and noisier; a normal population of each, drawn
-    # independently, knows neither that nor that it happens once per run).
-    step_seed = int(rng.integers(2**63)) if "step_noise" in post else None
-    for level, unit_dim, labels in levels:
-        if f"{level}_scale" in post:
-            log_d += _level_term(post, picker, rng, level, unit_dim, labels, class_codes, classes,
-                                 resample_seed=step_seed if level == "step" else None)
-    n = len(rows)
-    if "gpustep_scale" in post:
-        cell = pd.factorize(pd.Series(gpu_unit + "|" + step_unit))[0]
-        n_cells = int(cell.max()) + 1 if n else 0
-        loading = picker.take(_flat_samples(post["gpustep_scale"].sel(kernel_class=classes)))
-        log_d += loading[:, class_codes] * rng.standard_normal((draws, n_cells))[:, cell]
-    stretch = None
-    if "step_noise" in post:  # a noisy step stretches its residual (spec step_noise)
-        stretch = np.exp(_unit_values(post, picker, rng, "step_noise", "step_noise",
-                                      "step_unit", step_unit, resample_seed=step_seed))
-    log_d += _residual_draws(post, picker, classes, class_codes, rng, stretch)
-    # As in the composition: a launch more than max_slowdown times its typical time is a dead
-    # GPU, not a slow one (heavy-tailed populations fitted on few units reach e^40 otherwise).
-    return np.exp(log_median + np.minimum(log_d, math.log(DEFAULT_MAX_SLOWDOWN))), predictable
-
-
-def _residual_draws(
-    post: xr.Dataset,
-    picker: _DrawPicker,
-    classes: list[str],
-    class_codes: np.ndarray,
-    rng: np.random.Generator,
-    stretch: np.ndarray | None = None,
-) -> np.ndarray:
-    """One launch residual (log scale) per (draw, row) under the fitted residual distribution.
-
-    ``lognormal``: ``resid_scale·N(0, 1)``; ``student_t`` (``resid_nu`` present):
-    ``resid_scale·t(ν)``; ``mixture`` (``resid_slow_weight`` present): with probability
-    ``resid_slow_weight`` a slow launch ``N(resid_slow_shift, resid_slow_sd)``, else the core
-    ``N(0, resid_scale)``. ``stretch`` (draw, row): each row's step-noise factor, multiplying
-    ``resid_scale`` (the slow component keeps its shift and extra spread).
-    """
-
-    def per_row(name: str) -> np.ndarray:
-        da = post[name].broadcast_like(post["resid_scale"]).sel(kernel_class=classes)
-        return picker.take(_flat_samples(da))[:, class_codes]
-
-    fitted_scale = per_row("resid_scale")
-    scale = fitted_scale if stretch is None else fitted_scale * stretch
-    if "resid_nu" in post:  # Student-t residual
-        return scale * rng.standard_t(per_row("resid_nu"))
-    residual = scale * rng.standard_normal(scale.shape)
-    if "resid_slow_weight" in post:  # two-component (slow-launch) residual
-        slow = rng.random(scale.shape) < per_row("resid_slow_weight")
-        slow_sd = np.sqrt(per_row("resid_slow_sd") ** 2 - fitted_scale**2 + scale**2)
-        slow_draws = per_row("resid_slow_shift") + slow_sd * rng.standard_normal(scale.shape)
-        residual = np.where(slow, slow_draws, residual)
-    return residual
 
 
 def _layout_key(layout: dict) -> tuple:

@@ -117,7 +117,7 @@ def residual_moments(
     step_noise
         ``step_noise`` (D, S) of a fit with ``step_noise`` (the S fitted steps' log
         residual-scale factors), or None: a new step is one of the fitted steps, picked at
-        random (as in ``bayesprism.validate.predict_rows``), its core sd ``exp(lam) * scale``
+        random (as in ``bayesprism.row_predictive.predict_rows``), its core sd ``exp(lam) * scale``
         (the slow component keeps its shift and extra spread); the moments are those of a
         launch in such a step (the mean of the steps' moments, plus the variance of their
         means). Launches of one step share ``lam``; a sum over them treated as independent
