@@ -119,3 +119,30 @@ def test_fitted_steps_and_nodes_are_predicted_at_their_own_level(noisy_fit):
     level = np.median(log_pred, axis=1)  # per draw: the launches' typical log duration
     assert np.std(level) < 0.015
     assert np.median(level) == pytest.approx(np.median(np.log(rows["duration_us"])), abs=0.02)
+
+
+def test_plan_models_carry_the_fitted_steps_noise():
+    import warnings
+
+    from posterior_builders import gemm_only
+
+    from bayesprism.plan import ParallelPlan, PlanWarning
+    from bayesprism.workload import build_plan_model
+
+    launches, sigma = 10.0, 0.05
+    tree = gemm_only(draws=4, launches=launches, scales={"resid": {"gemm": sigma}})
+    post = tree["posterior"].to_dataset()
+    lam = np.log([2.0, 0.5, 1.0])
+    post["step_noise"] = (("chain", "draw", "step_unit"),
+                          np.broadcast_to(lam, (*post["resid_scale"].shape[:2], 3)).copy())
+    post = post.assign_coords(step_unit=["r/0", "r/1", "r/2"])
+    noisy = tree.copy()
+    noisy["posterior"] = post
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)
+        model = build_plan_model(noisy, ParallelPlan(dp=8))
+        plain = build_plan_model(tree, ParallelPlan(dp=8))
+    mean, var = residual_moments(np.array([sigma]), step_noise=lam[None, :])
+    s2 = np.log1p(var / launches / mean**2)  # one kernel: mean of `launches` factors
+    np.testing.assert_allclose(model.resid_sd, np.sqrt(s2[0]))
+    assert np.all(model.resid_sd > plain.resid_sd)
