@@ -60,12 +60,12 @@ class _DrawPicker:
         return z[self.index, self.occurrence]
 
 
-def _unit_values(posterior, picker, rng, effect_var, level, unit_dim, labels, new_scale=None,
+def _unit_values(posterior, picker, rng, effect_var, level, unit_dim, labels,
                  resample_seed=None):
     """``effect_var`` of each row's unit per (draw, row): its fitted value where the unit was
-    fitted, else a fresh draw from the level's population (times ``new_scale`` per draw), or
-    with ``resample_seed`` the value of a fitted unit picked at random per draw (the same
-    picks for every variable resampled with the same seed)."""
+    fitted, else a fresh draw from the level's population, or with ``resample_seed`` the value
+    of a fitted unit picked at random per draw (the same picks for every variable resampled
+    with the same seed)."""
     codes, uniques = pd.factorize(pd.Series(labels, dtype=str), sort=True)
     values = np.empty((picker.index.size, len(uniques)))
     fitted = (
@@ -84,8 +84,7 @@ def _unit_values(posterior, picker, rng, effect_var, level, unit_dim, labels, ne
                                                               size=(every.shape[0], n_new))
         values[:, ~known] = np.take_along_axis(every, picks, axis=1)
         return values[:, codes]
-    new = picker.new_effects(posterior, level, n_new, rng)
-    values[:, ~known] = new if new_scale is None else new * new_scale[:, None]
+    values[:, ~known] = picker.new_effects(posterior, level, n_new, rng)
     return values[:, codes]
 
 
