@@ -17,6 +17,7 @@ import pandas as pd
 import xarray as xr
 
 from bayesprism.composition import DEFAULT_MAX_SLOWDOWN
+from bayesprism.workload import fitted_step_weights
 
 __all__ = ["predict_rows"]
 
@@ -60,12 +61,11 @@ class _DrawPicker:
         return z[self.index, self.occurrence]
 
 
-def _unit_values(posterior, picker, rng, effect_var, level, unit_dim, labels,
-                 resample_seed=None):
+def _unit_values(posterior, picker, rng, effect_var, level, unit_dim, labels, resample=None):
     """``effect_var`` of each row's unit per (draw, row): its fitted value where the unit was
-    fitted, else a fresh draw from the level's population, or with ``resample_seed`` the value
-    of a fitted unit picked at random per draw (the same picks for every variable resampled
-    with the same seed)."""
+    fitted, else a fresh draw from the level's population, or with ``resample = (seed,
+    weights)`` the value of a fitted unit picked per draw with those probabilities (None:
+    equal; the same picks for every variable resampled with the same seed)."""
     codes, uniques = pd.factorize(pd.Series(labels, dtype=str), sort=True)
     values = np.empty((picker.index.size, len(uniques)))
     fitted = (
@@ -78,10 +78,11 @@ def _unit_values(posterior, picker, rng, effect_var, level, unit_dim, labels,
         da = posterior[effect_var].sel({unit_dim: list(uniques[known])})
         values[:, known] = picker.take(_flat_samples(da))
     n_new = int((~known).sum())
-    if resample_seed is not None and n_new:
+    if resample is not None and n_new:
+        seed, weights = resample
         every = picker.take(_flat_samples(posterior[effect_var]))
-        picks = np.random.default_rng(resample_seed).integers(every.shape[1],
-                                                              size=(every.shape[0], n_new))
+        picks = np.random.default_rng(seed).choice(every.shape[1], p=weights,
+                                                   size=(every.shape[0], n_new))
         values[:, ~known] = np.take_along_axis(every, picks, axis=1)
         return values[:, codes]
     values[:, ~known] = picker.new_effects(posterior, level, n_new, rng)
@@ -89,12 +90,12 @@ def _unit_values(posterior, picker, rng, effect_var, level, unit_dim, labels,
 
 
 def _level_term(posterior, picker, rng, level, unit_dim, labels, class_codes, classes,
-                resample_seed=None):
+                resample=None):
     """loading[c] · effect[unit] per (draw, row), fitted effect where the unit was fitted."""
     loading = posterior[f"{level}_scale"].sel(kernel_class=classes)
     loading = picker.take(_flat_samples(loading))[:, class_codes]
     return loading * _unit_values(posterior, picker, rng, f"{level}_effect", level, unit_dim,
-                                  labels, resample_seed=resample_seed)
+                                  labels, resample=resample)
 
 
 def predict_rows(
@@ -145,14 +146,16 @@ def predict_rows(
     ]
     if "cabinet" in rows.columns:
         levels.append(("cabinet", "cabinet", rows["cabinet"].astype(str).to_numpy()))
-    # With step_noise a new step is one of the fitted steps, level and noise together (a
-    # warm-up repeat is both slower and noisier; a normal population of each, drawn
-    # independently, knows neither that nor that it happens once per run).
-    step_seed = int(rng.integers(2**63)) if "step_noise" in post else None
+    # With step_noise a new step is a fitted step, level and noise together (a warm-up repeat
+    # is both slower and noisier; a normal population of each, drawn independently, knows
+    # neither that nor that it happens once per run), picked as often as its runs were
+    # measured (PAL Longhorn: two steps 2.5x slow, run by 24 of 1,404 GPU-steps).
+    step_resample = ((int(rng.integers(2**63)), fitted_step_weights(posterior))
+                     if "step_noise" in post else None)
     for level, unit_dim, labels in levels:
         if f"{level}_scale" in post:
             log_d += _level_term(post, picker, rng, level, unit_dim, labels, class_codes, classes,
-                                 resample_seed=step_seed if level == "step" else None)
+                                 resample=step_resample if level == "step" else None)
     n = len(rows)
     if "gpustep_scale" in post:
         cell = pd.factorize(pd.Series(gpu_unit + "|" + step_unit))[0]
@@ -162,7 +165,7 @@ def predict_rows(
     stretch = None
     if "step_noise" in post:  # a noisy step stretches its residual (spec step_noise)
         stretch = np.exp(_unit_values(post, picker, rng, "step_noise", "step_noise",
-                                      "step_unit", step_unit, resample_seed=step_seed))
+                                      "step_unit", step_unit, resample=step_resample))
     log_d += _residual_draws(post, picker, classes, class_codes, rng, stretch)
     # As in the composition: a launch more than max_slowdown times its typical time is a dead
     # GPU, not a slow one (heavy-tailed populations fitted on few units reach e^40 otherwise).

@@ -100,10 +100,24 @@ def flat_draws(da: xr.DataArray) -> np.ndarray:
 RESID_SLOW_VARS = ("resid_slow_weight", "resid_slow_shift", "resid_slow_sd")
 
 
+def fitted_step_weights(posterior: xr.DataTree) -> np.ndarray | None:
+    """Share of the fitted GPU-steps (one GPU's run of one step) in each step unit, in the
+    order of the posterior's ``step_unit`` coordinate: the chance that a measured run picked
+    at random is in that step. None when the fit has no steps or does not record them."""
+    if (not isinstance(posterior, xr.DataTree) or "constant_data" not in posterior.children
+            or "step_of_gpustep" not in posterior["constant_data"]
+            or "step_unit" not in posterior["posterior"].coords):
+        return None
+    steps = posterior["constant_data"]["step_of_gpustep"].to_numpy().astype(int)
+    counts = np.bincount(steps, minlength=posterior["posterior"].sizes["step_unit"])
+    return counts / counts.sum()
+
+
 def residual_moments(
     scale: np.ndarray,
     slow: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     step_noise: np.ndarray | None = None,
+    step_weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Mean and variance of one launch's residual factor ``exp(eps)``, per draw.
 
@@ -116,8 +130,9 @@ def residual_moments(
         ``eps ~ (1 - weight) N(0, scale) + weight N(shift, slow_sd)``.
     step_noise
         ``step_noise`` (D, S) of a fit with ``step_noise`` (the S fitted steps' log
-        residual-scale factors), or None: a new step is one of the fitted steps, picked at
-        random (as in ``bayesprism.row_predictive.predict_rows``), its core sd ``exp(lam) * scale``
+        residual-scale factors), or None: a new step is one of the fitted steps, picked with
+        ``step_weights`` (S,; default equal, see :func:`fitted_step_weights`) as in
+        ``bayesprism.row_predictive.predict_rows``, its core sd ``exp(lam) * scale``
         (the slow component keeps its shift and extra spread); the moments are those of a
         launch in such a step (the mean of the steps' moments, plus the variance of their
         means). Launches of one step share ``lam``; a sum over them treated as independent
@@ -141,7 +156,10 @@ def residual_moments(
             np.sqrt(np.asarray(slow[2], dtype=float)[:, None] ** 2
                     - scale[:, None] ** 2 + core**2))
         mean, var = residual_moments(core, stretched)
-        return mean.mean(axis=1), var.mean(axis=1) + mean.var(axis=1)
+        weights = (np.full(factor.shape[1], 1.0 / factor.shape[1]) if step_weights is None
+                   else np.asarray(step_weights, dtype=float))
+        marginal_mean = mean @ weights
+        return marginal_mean, var @ weights + ((mean - marginal_mean[:, None]) ** 2) @ weights
     core_mean = np.exp(0.5 * scale**2)
     core_var = np.expm1(scale**2) * np.exp(scale**2)
     if slow is None:
@@ -288,6 +306,7 @@ def _traced_gaps_us(
             if "resid_scale" in group and cls in class_names:
                 resid = flat_draws(group["resid_scale"].sel(kernel_class=cls))
                 step_noise = flat_draws(group["step_noise"]) if "step_noise" in group else None
+                # the traced steps are the fitted ones: each counts once
                 typical_us = typical_us * residual_moments(resid, slow.get(cls), step_noise)[0]
             mean_us[:, k] = typical_us
         elif cls in modelled and "coll_latency_us" in group:
@@ -347,8 +366,10 @@ class PosteriorArrays:
     # kernel class -> (resid_slow_weight, resid_slow_shift, resid_slow_sd), each (D,): the slow
     # component of a ``mixture`` residual (empty for other likelihoods)
     resid_slow: dict = field(default_factory=dict)
-    # (D, S) fitted steps' log residual-scale factors (spec ``step_noise``), else None
+    # (D, S) fitted steps' log residual-scale factors (spec ``step_noise``), else None, and
+    # (S,) the share of fitted GPU-steps in each (:func:`fitted_step_weights`)
     step_noise: np.ndarray | None = None
+    step_weights: np.ndarray | None = None
 
 
 #: Extracted arrays per live posterior, keyed by ``id`` (the entry is dropped when the posterior
@@ -431,6 +452,7 @@ def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
     return PosteriorArrays(
         resid_slow=_resid_slow(group),
         step_noise=flat_draws(group["step_noise"]) if "step_noise" in group else None,
+        step_weights=fitted_step_weights(posterior),
         draws=int(group.sizes["chain"] * group.sizes["draw"]),
         traced=traced,
         modelled=frozenset(modelled),
@@ -526,7 +548,7 @@ def build_plan_model(
         # typical: no variability at all, the slow component included
         slow = None if typical else arrays.resid_slow.get(cls)
         step_noise = None if typical else arrays.step_noise
-        return residual_moments(class_scale("resid", cls), slow, step_noise)
+        return residual_moments(class_scale("resid", cls), slow, step_noise, arrays.step_weights)
 
     tp0, pp0, cp0, m0 = traced["tp"], traced["pp"], traced["cp"], traced["microbatches"]
     tp, pp, cp, m = plan.tp, plan.pp, plan.cp, plan.microbatches

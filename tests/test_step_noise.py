@@ -39,6 +39,9 @@ def test_workload_moments_average_the_fitted_steps():
     m2, v2 = residual_moments(np.array([0.2, 0.05]))
     assert mean[0] == pytest.approx(m2.mean(), rel=1e-12)
     assert var[0] == pytest.approx(v2.mean() + m2.var(), rel=1e-12)
+    # steps weighted by how many runs were measured in each
+    mean_w, _ = residual_moments(scale, step_noise=lam, step_weights=np.array([0.75, 0.25]))
+    assert mean_w[0] == pytest.approx(0.75 * m2[0] + 0.25 * m2[1], rel=1e-12)
     # a mixture keeps its shift and its extra spread; only the core is stretched
     slow = (np.array([0.1]), np.array([0.5]), np.array([np.hypot(0.1, 0.3)]))
     mean, _ = residual_moments(scale, slow, step_noise=lam)
@@ -146,3 +149,16 @@ def test_plan_models_carry_the_fitted_steps_noise():
     s2 = np.log1p(var / launches / mean**2)  # one kernel: mean of `launches` factors
     np.testing.assert_allclose(model.resid_sd, np.sqrt(s2[0]))
     assert np.all(model.resid_sd > plain.resid_sd)
+
+
+def test_fitted_step_weights_count_the_gpu_steps_of_each_step():
+    import xarray as xr
+
+    from bayesprism.workload import fitted_step_weights
+
+    tree = xr.DataTree.from_dict({
+        "posterior": xr.Dataset(coords={"step_unit": ["r/0", "r/1", "r/2"]}),
+        "constant_data": xr.Dataset({"step_of_gpustep": ("gpustep", [0, 0, 0, 1, 0, 1])}),
+    })
+    np.testing.assert_allclose(fitted_step_weights(tree), [4 / 6, 2 / 6, 0.0])
+    assert fitted_step_weights(xr.DataTree.from_dict({"posterior": xr.Dataset()})) is None
