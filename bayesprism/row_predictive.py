@@ -4,8 +4,9 @@ Every row (one kernel launch, or one benchmark run on one GPU) is simulated from
 posterior (or a baseline's degenerate posterior): the fitted effects where its node, GPU, step
 or cabinet was fitted, new effects from the level's population
 (``bayesprism.population.draw_effects``) where not, the fitted residual law, and with
-``step_noise`` its step's residual stretch (a new step is a fitted one picked at random, level
-and noise together). Used by ``bayesprism.validate`` for held-out scores and slowest-of-k.
+``step_noise`` its step's residual stretch (a new step is a fitted one, level and noise
+together, picked as often as its runs were measured). Used by ``bayesprism.validate`` for
+held-out scores and slowest-of-k.
 """
 
 from __future__ import annotations
