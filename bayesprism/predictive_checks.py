@@ -28,8 +28,7 @@ import numpy as np
 import xarray as xr
 from scipy import stats
 
-from bayesprism.errors import InputError, Problem
-from bayesprism.workload import RESID_SLOW_VARS
+from bayesprism.workload import RESID_SLOW_VARS, has_resid_slow, stretched_slow_sd
 
 SAMPLE_DIMS = ("chain", "draw")
 
@@ -124,15 +123,10 @@ def _residual_cell_mean(
     fitted_sigma = flat("resid_scale")[:, c]
     sigma = fitted_sigma if stretch is None else fitted_sigma * stretch
     noise = rng.standard_normal(sigma.shape)
-    if "resid_slow_weight" not in post:
+    if not has_resid_slow(post):
         return sigma * noise / np.sqrt(n)
-    missing = [v for v in RESID_SLOW_VARS if v not in post]
-    if missing:
-        raise InputError(Problem("posterior", ", ".join(missing),
-                                 "a mixture residual needs all of " + ", ".join(RESID_SLOW_VARS),
-                                 example=[v for v in RESID_SLOW_VARS if v in post]))
     weight, shift, slow_sd = (flat(v)[:, c] for v in RESID_SLOW_VARS)
-    slow_sd = np.sqrt(slow_sd**2 - fitted_sigma**2 + sigma**2)
+    slow_sd = stretched_slow_sd(slow_sd, fitted_sigma, sigma)
     launches = np.maximum(np.rint(n), 1).astype(np.int64)
     slow = rng.binomial(np.broadcast_to(launches, weight.shape), np.clip(weight, 0.0, 1.0))
     spread = np.sqrt((launches - slow) * sigma**2 + slow * slow_sd**2) / launches

@@ -18,19 +18,14 @@ import pandas as pd
 import xarray as xr
 
 from bayesprism.composition import DEFAULT_MAX_SLOWDOWN
-from bayesprism.workload import fitted_step_weights
+from bayesprism.workload import (
+    fitted_step_weights,
+    flat_draws,
+    has_resid_slow,
+    stretched_slow_sd,
+)
 
 __all__ = ["predict_rows"]
-
-
-def _flat_samples(da: xr.DataArray) -> np.ndarray:
-    """(chain*draw, ...) array, chain-major (the order of ``population.draw_effects``)."""
-    other = [d for d in da.dims if d not in ("chain", "draw")]
-    return (
-        da.transpose("chain", "draw", *other)
-        .to_numpy()
-        .reshape((da.sizes["chain"] * da.sizes["draw"], *[da.sizes[d] for d in other]))
-    )
 
 
 class _DrawPicker:
@@ -77,11 +72,11 @@ def _unit_values(posterior, picker, rng, effect_var, level, unit_dim, labels, re
     known = np.array([u in fitted for u in uniques], dtype=bool)
     if known.any():
         da = posterior[effect_var].sel({unit_dim: list(uniques[known])})
-        values[:, known] = picker.take(_flat_samples(da))
+        values[:, known] = picker.take(flat_draws(da))
     n_new = int((~known).sum())
     if resample is not None and n_new:
         seed, weights = resample
-        every = picker.take(_flat_samples(posterior[effect_var]))
+        every = picker.take(flat_draws(posterior[effect_var]))
         picks = np.random.default_rng(seed).choice(every.shape[1], p=weights,
                                                    size=(every.shape[0], n_new))
         values[:, ~known] = np.take_along_axis(every, picks, axis=1)
@@ -94,7 +89,7 @@ def _level_term(posterior, picker, rng, level, unit_dim, labels, class_codes, cl
                 resample=None):
     """loading[c] · effect[unit] per (draw, row), fitted effect where the unit was fitted."""
     loading = posterior[f"{level}_scale"].sel(kernel_class=classes)
-    loading = picker.take(_flat_samples(loading))[:, class_codes]
+    loading = picker.take(flat_draws(loading))[:, class_codes]
     return loading * _unit_values(posterior, picker, rng, f"{level}_effect", level, unit_dim,
                                   labels, resample=resample)
 
@@ -133,7 +128,7 @@ def predict_rows(
     rows = rows.loc[predictable]
     picker = _DrawPicker(post.sizes["chain"] * post.sizes["draw"], draws, rng)
     kernel_pos = pd.Index(kernels).get_indexer(row_kernels[predictable])
-    log_median = picker.take(_flat_samples(post["kernel_log_median"]))[:, kernel_pos]
+    log_median = picker.take(flat_draws(post["kernel_log_median"]))[:, kernel_pos]
     log_d = np.zeros_like(log_median)  # the launch's log multiplier, every level and residual
     class_codes, classes = pd.factorize(rows["kernel_class"].astype(str), sort=True)
     classes = list(classes)
@@ -161,7 +156,7 @@ def predict_rows(
     if "gpustep_scale" in post:
         cell = pd.factorize(pd.Series(gpu_unit + "|" + step_unit))[0]
         n_cells = int(cell.max()) + 1 if n else 0
-        loading = picker.take(_flat_samples(post["gpustep_scale"].sel(kernel_class=classes)))
+        loading = picker.take(flat_draws(post["gpustep_scale"].sel(kernel_class=classes)))
         log_d += loading[:, class_codes] * rng.standard_normal((draws, n_cells))[:, cell]
     stretch = None
     if "step_noise" in post:  # a noisy step stretches its residual (spec step_noise)
@@ -192,16 +187,16 @@ def _residual_draws(
 
     def per_row(name: str) -> np.ndarray:
         da = post[name].broadcast_like(post["resid_scale"]).sel(kernel_class=classes)
-        return picker.take(_flat_samples(da))[:, class_codes]
+        return picker.take(flat_draws(da))[:, class_codes]
 
     fitted_scale = per_row("resid_scale")
     scale = fitted_scale if stretch is None else fitted_scale * stretch
     if "resid_nu" in post:  # Student-t residual
         return scale * rng.standard_t(per_row("resid_nu"))
     residual = scale * rng.standard_normal(scale.shape)
-    if "resid_slow_weight" in post:  # two-component (slow-launch) residual
+    if has_resid_slow(post):  # two-component (slow-launch) residual
         slow = rng.random(scale.shape) < per_row("resid_slow_weight")
-        slow_sd = np.sqrt(per_row("resid_slow_sd") ** 2 - fitted_scale**2 + scale**2)
+        slow_sd = stretched_slow_sd(per_row("resid_slow_sd"), fitted_scale, scale)
         slow_draws = per_row("resid_slow_shift") + slow_sd * rng.standard_normal(scale.shape)
         residual = np.where(slow, slow_draws, residual)
     return residual

@@ -70,6 +70,7 @@ residual of sd ``s = resid_scale``, the closed-form mixture of two lognormals fo
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import warnings
@@ -93,11 +94,36 @@ LEVELS = ("node", "gpu", "step", "gpustep")
 def flat_draws(da: xr.DataArray) -> np.ndarray:
     """(chain, draw, ...) -> (chain*draw, ...) in chain-major order."""
     rest = [d for d in da.dims if d not in ("chain", "draw")]
-    return da.transpose("chain", "draw", *rest).to_numpy().reshape(-1, *da.shape[2:])
+    return da.transpose("chain", "draw", *rest).to_numpy().reshape(
+        -1, *[da.sizes[d] for d in rest])
 
 
 #: Posterior variables of the slow component of a ``mixture`` residual (docs/artifacts.md).
 RESID_SLOW_VARS = ("resid_slow_weight", "resid_slow_shift", "resid_slow_sd")
+
+
+def stretched_slow_sd(slow_sd, fitted_scale, scale):
+    """The slow component's sd when the core sd ``fitted_scale`` is stretched to ``scale``
+    (spec ``step_noise``): the slow launches keep their extra spread ``slow_sd² − σ²``."""
+    return np.sqrt(np.asarray(slow_sd) ** 2 - np.asarray(fitted_scale) ** 2
+                   + np.asarray(scale) ** 2)
+
+
+def has_resid_slow(group: xr.Dataset) -> bool:
+    """True when ``group`` holds a ``mixture`` residual (all of :data:`RESID_SLOW_VARS`).
+
+    Raises
+    ------
+    InputError
+        When only some of them are present (a damaged posterior).
+    """
+    present = [name for name in RESID_SLOW_VARS if name in group]
+    if present and len(present) < len(RESID_SLOW_VARS):
+        missing = [name for name in RESID_SLOW_VARS if name not in group]
+        raise InputError(Problem("posterior", ", ".join(missing),
+                                 "a mixture residual needs all of " + ", ".join(RESID_SLOW_VARS),
+                                 example=present))
+    return bool(present)
 
 
 def fitted_step_weights(posterior: xr.DataTree) -> np.ndarray | None:
@@ -153,8 +179,7 @@ def residual_moments(
         stretched = None if slow is None else (
             np.asarray(slow[0], dtype=float)[:, None],
             np.asarray(slow[1], dtype=float)[:, None],
-            np.sqrt(np.asarray(slow[2], dtype=float)[:, None] ** 2
-                    - scale[:, None] ** 2 + core**2))
+            stretched_slow_sd(np.asarray(slow[2], dtype=float)[:, None], scale[:, None], core))
         mean, var = residual_moments(core, stretched)
         weights = (np.full(factor.shape[1], 1.0 / factor.shape[1]) if step_weights is None
                    else np.asarray(step_weights, dtype=float))
@@ -174,21 +199,10 @@ def residual_moments(
 
 
 def _resid_slow(group: xr.Dataset) -> dict:
-    """Kernel class -> (weight, shift, slow_sd) draws of a ``mixture`` residual ({} otherwise).
-
-    Raises
-    ------
-    InputError
-        When only some of :data:`RESID_SLOW_VARS` are present (a damaged posterior).
-    """
-    present = [name for name in RESID_SLOW_VARS if name in group]
-    if not present:
+    """Kernel class -> (weight, shift, slow_sd) draws of a ``mixture`` residual ({} otherwise;
+    a partial one raises, :func:`has_resid_slow`)."""
+    if not has_resid_slow(group):
         return {}
-    if len(present) < len(RESID_SLOW_VARS):
-        missing = [name for name in RESID_SLOW_VARS if name not in group]
-        raise InputError(Problem("posterior", ", ".join(missing),
-                                 "a mixture residual needs all of " + ", ".join(RESID_SLOW_VARS),
-                                 example=present))
     values = [flat_draws(group[name].transpose("chain", "draw", "kernel_class"))
               for name in RESID_SLOW_VARS]
     classes = group["resid_slow_weight"]["kernel_class"].to_numpy().astype(str)
@@ -300,13 +314,13 @@ def _traced_gaps_us(
                    if "kernel_class" in group.coords else set())
     mean_us = np.zeros((draws, names.size))
     slow = _resid_slow(group)
+    # the traced steps are the fitted ones: each counts once
+    step_noise = flat_draws(group["step_noise"]) if "step_noise" in group else None
     for k, (name, cls) in enumerate(zip(names, classes, strict=True)):
         if name in medians:
             typical_us = np.exp(flat_draws(group["kernel_log_median"].sel(kernel=name)))
             if "resid_scale" in group and cls in class_names:
                 resid = flat_draws(group["resid_scale"].sel(kernel_class=cls))
-                step_noise = flat_draws(group["step_noise"]) if "step_noise" in group else None
-                # the traced steps are the fitted ones: each counts once
                 typical_us = typical_us * residual_moments(resid, slow.get(cls), step_noise)[0]
             mean_us[:, k] = typical_us
         elif cls in modelled and "coll_latency_us" in group:
@@ -544,6 +558,7 @@ def build_plan_model(
             return np.zeros(draws)
         return values
 
+    @functools.cache  # per class, not per kernel
     def resid_moments(cls: str) -> tuple[np.ndarray, np.ndarray]:
         # typical: no variability at all, the slow component included
         slow = None if typical else arrays.resid_slow.get(cls)

@@ -597,9 +597,10 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     pm.Data("cell_mean_log", d["cell_mean"], dims="cell")
     pm.Data("cell_ss_log", d["cell_ss"], dims="cell")
 
-    # Data-centred coordinates (bayesprism.model.start) for the cell likelihood only: with a
-    # row-level mixture residual they left PAL's chains in different places (R-hat 1.5; not
-    # yet understood), and row fits are small enough not to need them.
+    # Data-centred coordinates (bayesprism.model.start) for the cell likelihood only: row
+    # fits are small enough not to need them. (With them, PAL's row mixture fit once left a
+    # chain in a second node-population mode, R-hat 1.5; without step_noise that mode also
+    # appears with the plain coordinates, so it was the model, not the coordinates.)
     centred_coords = not spec.fits_rows
     a_free = _kernel_baselines(d["kernel_mean"], cls, n_classes, spec,
                                kernel_baseline_se(d) if centred_coords else 1.0)

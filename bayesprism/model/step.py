@@ -141,14 +141,14 @@ CONFIG_SD_PRIOR: tuple[float, float] = (2.0, 40.0)
 #: prior puts 8e-8 of its mass below the lower end and exp(-75) above the upper one.
 CONFIG_SD_NODES = 192
 CONFIG_SD_RANGE: tuple[float, float] = (1e-5, 2.0)
+#: LogNormal (mu, sigma) of ``bubble_efficiency``: the schedule fixes the bubble at
+#: (pp - 1) / v slots; the efficiency only allows for imperfect overlap around it.
+BUBBLE_PRIOR: tuple[float, float] = (0.0, 0.25)
 #: LogNormal (mu, sigma) of the ring all-reduce costs in reference slots. Inter-node: gradient
 #: bytes per rank over the link bandwidth against one micro-batch's compute is
 #: FLOPS * 2 B / (6 * tokens per micro-batch * BW), about 0.2-2 slots for bf16 gradients,
 #: 2k-16k tokens and 25-50 GB/s per GPU on current GPUs; sigma 1.2 spans 0.05-5 (95 %).
 #: Intra-node links are ~10x faster; a ring step costs a few µs against a ~0.1 s slot.
-#: LogNormal (mu, sigma) of ``bubble_efficiency``: the schedule fixes the bubble at
-#: (pp - 1) / v slots; the efficiency only allows for imperfect overlap around it.
-BUBBLE_PRIOR: tuple[float, float] = (0.0, 0.25)
 COMM_PRIORS: dict[str, tuple[float, float]] = {
     "comm_latency": (float(np.log(5e-5)), 1.2),
     "comm_intra": (float(np.log(0.05)), 1.2),
