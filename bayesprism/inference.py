@@ -164,7 +164,7 @@ def _sample(model, sampler: str, *, draws: int, tune: int, chains: int, random_s
         tree = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains,
                              cores=min(chains, 2), seed=random_seed, progress_bar=progress,
                              target_accept=target_accept,
-                             low_rank_modified_mass_matrix=mass_matrix == "low_rank")
+                             adaptation="low_rank" if mass_matrix == "low_rank" else "diag")
         return _add_data_groups(tree, model)
     if sampler == "pymc":
         with model:
