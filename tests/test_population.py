@@ -32,6 +32,9 @@ NU = [2.5, 3.0, 5.0, 10.0, 30.0, 4.0]
 W = [0.01, 0.02, 0.05, 0.1, 0.0, 0.3]
 SHIFT = [3.0, 4.0, 2.0, 6.0, 1.0, 0.5]
 SLOW_SD = [1.0, 2.0, 5.0, 1.5, 3.0, 10.0]  # the slow component's own sd (standardised)
+#: every family's parameters (each family reads its own)
+EVERY_PARAMETER = {"node_nu": NU, "node_slow_weight": W, "node_slow_shift": SHIFT,
+                   "node_slow_sd": SLOW_SD}
 
 
 def test_family_is_read_from_attrs_and_missing_level_is_a_key_error():
@@ -53,8 +56,7 @@ def test_datatree_is_accepted_with_family_on_root():
 
 @pytest.mark.parametrize("family", ["normal", "student_t", "mixture"])
 def test_draws_follow_each_posterior_draws_population(family):
-    post = _posterior(family, node_nu=NU, node_slow_weight=W, node_slow_shift=SHIFT,
-                      node_slow_sd=SLOW_SD)
+    post = _posterior(family, **EVERY_PARAMETER)
     rng = np.random.default_rng(1)
     z = draw_effects(post, "node", 40_000, rng)
     assert z.shape == (6, 40_000)
@@ -73,8 +75,7 @@ def test_draws_follow_each_posterior_draws_population(family):
 
 @pytest.mark.parametrize("family", ["normal", "student_t", "mixture"])
 def test_quantile_inverts_cdf_and_matches_scipy(family):
-    post = _posterior(family, node_nu=NU, node_slow_weight=W, node_slow_shift=SHIFT,
-                      node_slow_sd=SLOW_SD)
+    post = _posterior(family, **EVERY_PARAMETER)
     q = np.array([0.01, 0.5, 0.9, 0.999, 1 - 1e-9])
     x = population_quantile(post, "node", q)
     assert x.shape == (6, 5)
@@ -90,8 +91,7 @@ def test_quantile_inverts_cdf_and_matches_scipy(family):
 
 @pytest.mark.parametrize("family", ["normal", "student_t", "mixture"])
 def test_max_quantile_and_max_draws_agree_with_brute_force(family):
-    post = _posterior(family, node_nu=NU, node_slow_weight=W, node_slow_shift=SHIFT,
-                      node_slow_sd=SLOW_SD)
+    post = _posterior(family, **EVERY_PARAMETER)
     n_units = 500
     rng = np.random.default_rng(2)
     brute = np.stack(
