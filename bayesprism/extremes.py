@@ -21,7 +21,6 @@ import numpy as np
 from scipy import special
 
 from bayesprism.errors import InputError, Problem
-from bayesprism.population import mixture_sf, population_parameters
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,9 @@ def _unit_sf(params: dict, z: np.ndarray) -> np.ndarray:
     shape = (-1,) + (1,) * (z.ndim - 1)
     if family == "student_t":
         return special.stdtr(params["nu"].reshape(shape), -z)
-    return mixture_sf(*(params[k].reshape(shape) for k in ("weight", "shift", "slow_sd")), z)
+    w = params["weight"].reshape(shape)
+    shift = params["shift"].reshape(shape)
+    return (1.0 - w) * special.ndtr(-z) + w * special.ndtr(shift - z)
 
 
 class _TabulatedSF:
@@ -87,6 +88,8 @@ class _TabulatedSF:
 def population_params(posterior, level: str, loading: np.ndarray) -> dict:
     """Family and per-draw parameters of a level's population ({"family": "normal"} when the
     level carries no loading in any draw, so an unfitted level needs no population)."""
+    from bayesprism.population import population_parameters
+
     if not np.any(loading):
         return {"family": "normal"}
     try:

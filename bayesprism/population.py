@@ -8,9 +8,8 @@ A fitted kernel-level posterior describes each level's *population* of standardi
 ``student_t``
     z ~ t(ν, 0, 1) with ν = ``{level}_nu`` in every posterior draw.
 ``mixture``
-    z ~ (1 − w)·N(0, 1) + w·N(shift, slow_sd), w = ``{level}_slow_weight``,
-    shift = ``{level}_slow_shift``, slow_sd = ``{level}_slow_sd`` ≥ 1 (the slow, degraded
-    component, which has a spread of its own; 1 when the posterior does not record it).
+    z ~ (1 − w)·N(0, 1) + w·N(shift, 1), w = ``{level}_slow_weight``,
+    shift = ``{level}_slow_shift`` (the slow, degraded component).
 
 Forecasts at scales never measured draw new units from these populations, once per posterior
 draw, so the uncertainty of the tail (ν, w, shift) carries into the maximum over 10^4 GPUs.
@@ -80,8 +79,6 @@ def population_parameters(posterior, level: str) -> dict[str, np.ndarray | str]:
     elif family == "mixture":
         params["weight"] = _flat(ds, f"{level}_slow_weight")
         params["shift"] = _flat(ds, f"{level}_slow_shift")
-        params["slow_sd"] = (_flat(ds, f"{level}_slow_sd") if f"{level}_slow_sd" in ds
-                             else np.ones_like(params["shift"]))
     params["n_draws"] = np.asarray(_n_draws(ds))
     return params
 
@@ -115,8 +112,7 @@ def draw_effects(posterior, level: str, n_units: int, rng: np.random.Generator) 
     if p["family"] == "student_t":
         return rng.standard_t(p["nu"][:, None], size=(n, n_units))
     slow = rng.random((n, n_units)) < p["weight"][:, None]
-    spread = np.where(slow, p["slow_sd"][:, None], 1.0)
-    return rng.standard_normal((n, n_units)) * spread + slow * p["shift"][:, None]
+    return rng.standard_normal((n, n_units)) + slow * p["shift"][:, None]
 
 
 def population_sf(posterior, level: str, x) -> np.ndarray:
@@ -143,13 +139,9 @@ def _sf(p: dict, x: np.ndarray) -> np.ndarray:
         return np.broadcast_to(special.ndtr(-x), (n, *x.shape)).copy()
     if p["family"] == "student_t":
         return special.stdtr(_expand(p["nu"], x), -x)
-    return mixture_sf(_expand(p["weight"], x), _expand(p["shift"], x),
-                      _expand(p["slow_sd"], x), x)
-
-
-def mixture_sf(weight, shift, slow_sd, x) -> np.ndarray:
-    """P(z > x) of the mixture family, (1 − w)·N(0, 1) + w·N(shift, slow_sd) (broadcast)."""
-    return (1.0 - weight) * special.ndtr(-x) + weight * special.ndtr((shift - x) / slow_sd)
+    w = _expand(p["weight"], x)
+    shift = _expand(p["shift"], x)
+    return (1.0 - w) * special.ndtr(-x) + w * special.ndtr(shift - x)
 
 
 def _isf(p: dict, tail: np.ndarray) -> np.ndarray:
@@ -161,16 +153,16 @@ def _isf(p: dict, tail: np.ndarray) -> np.ndarray:
         return -special.stdtrit(nu, tail)
     # Mixture: no closed form. The quantile lies between the component quantiles, so bisect
     # in that bracket (60 halvings reach machine precision for any bracket width used here).
-    w, shift, slow_sd = (p[k].reshape((-1,) + (1,) * (tail.ndim - 1))
-                         for k in ("weight", "shift", "slow_sd"))
+    w = p["weight"].reshape((-1,) + (1,) * (tail.ndim - 1))
+    shift = p["shift"].reshape((-1,) + (1,) * (tail.ndim - 1))
     base = -special.ndtri(tail)
-    lo = np.minimum(base, shift + slow_sd * base)
-    hi = np.maximum(base, shift + slow_sd * base)
+    lo = np.minimum(base, base + shift)
+    hi = np.maximum(base, base + shift)
     lo, hi = np.broadcast_arrays(lo, hi)
     lo, hi = lo.copy(), hi.copy()
     for _ in range(80):
         mid = 0.5 * (lo + hi)
-        sf_mid = mixture_sf(w, shift, slow_sd, mid)
+        sf_mid = (1.0 - w) * special.ndtr(-mid) + w * special.ndtr(shift - mid)
         above = sf_mid > tail  # quantile is further right
         lo = np.where(above, mid, lo)
         hi = np.where(above, hi, mid)

@@ -37,9 +37,7 @@ DEFAULT_PRIORS: dict[str, float] = {
     "resid_scale": 0.5,  # half-normal scale of the per-class residual sd
     "nu_rate": 0.1,  # Gamma(2, rate) prior on Student-t degrees of freedom (mean 20)
     "slow_weight_beta": 19.0,  # Beta(1, b) prior on the slow mixture weight (mean 5 %)
-    # mixture population: a slow component of degraded units, on the reference class's log scale
-    "slow_shift": 0.1,  # half-normal scale of its shift (0.1: degraded units ~10 % slow)
-    "slow_spread": 0.05,  # half-normal scale of its extra sd (degraded units differ)
+    "slow_shift_scale": 4.0,  # half-normal scale of the slow component's shift (in pop. sds)
     # mixture residual: ε ~ (1 − w)·N(0, σ) + w·N(δ, √(σ² + τ²)), per class (log scale)
     "resid_slow_weight_beta": 19.0,  # Beta(1, b) prior on w, the share of slow launches (5 %)
     "resid_slow_shift": 0.5,  # half-normal scale of δ ≥ 0, the slow launches' log shift
@@ -53,12 +51,6 @@ DEFAULT_PRIORS: dict[str, float] = {
     "tier_ratio_log_sd": 1.0,  # sd of log of those ratios
     "coll_noise": 0.3,  # half-normal scale of the lognormal transfer noise
     "coll_congestion": 0.2,  # half-normal scale of the per-step congestion sd
-}
-
-#: Priors that changed meaning, and what replaced them.
-RENAMED_PRIORS: dict[str, str] = {
-    "slow_shift_scale": "replaced by slow_shift, the half-normal scale of the mixture "
-    "population's slow shift on the log scale (0.1 = 10 % slow), no longer in population sds",
 }
 
 #: Units per group above which a level's effects are fitted centred (``parameterisation=auto``).
@@ -161,9 +153,7 @@ class ModelSpec:
             )
         else:
             for key, value in self.priors.items():
-                if key in RENAMED_PRIORS:
-                    problems.append(Problem("model spec", f"priors.{key}", RENAMED_PRIORS[key]))
-                elif key not in DEFAULT_PRIORS:
+                if key not in DEFAULT_PRIORS:
                     problems.append(
                         Problem(
                             "model spec",

@@ -31,10 +31,6 @@ def _posterior(family: str, **params) -> xr.Dataset:
 NU = [2.5, 3.0, 5.0, 10.0, 30.0, 4.0]
 W = [0.01, 0.02, 0.05, 0.1, 0.0, 0.3]
 SHIFT = [3.0, 4.0, 2.0, 6.0, 1.0, 0.5]
-SLOW_SD = [1.0, 2.0, 5.0, 1.5, 3.0, 10.0]  # the slow component's own sd (standardised)
-#: every family's parameters (each family reads its own)
-EVERY_PARAMETER = {"node_nu": NU, "node_slow_weight": W, "node_slow_shift": SHIFT,
-                   "node_slow_sd": SLOW_SD}
 
 
 def test_family_is_read_from_attrs_and_missing_level_is_a_key_error():
@@ -56,7 +52,7 @@ def test_datatree_is_accepted_with_family_on_root():
 
 @pytest.mark.parametrize("family", ["normal", "student_t", "mixture"])
 def test_draws_follow_each_posterior_draws_population(family):
-    post = _posterior(family, **EVERY_PARAMETER)
+    post = _posterior(family, node_nu=NU, node_slow_weight=W, node_slow_shift=SHIFT)
     rng = np.random.default_rng(1)
     z = draw_effects(post, "node", 40_000, rng)
     assert z.shape == (6, 40_000)
@@ -67,15 +63,15 @@ def test_draws_follow_each_posterior_draws_population(family):
         elif family == "student_t":
             cdf = stats.t(NU[i]).cdf
         else:
-            w, s, sd = W[i], SHIFT[i], SLOW_SD[i]
-            def cdf(x, w=w, s=s, sd=sd):
-                return (1 - w) * stats.norm.cdf(x) + w * stats.norm.cdf(x, s, sd)
+            w, s = W[i], SHIFT[i]
+            def cdf(x, w=w, s=s):
+                return (1 - w) * stats.norm.cdf(x) + w * stats.norm.cdf(x - s)
         assert stats.kstest(z[i], cdf).pvalue > 1e-3
 
 
 @pytest.mark.parametrize("family", ["normal", "student_t", "mixture"])
 def test_quantile_inverts_cdf_and_matches_scipy(family):
-    post = _posterior(family, **EVERY_PARAMETER)
+    post = _posterior(family, node_nu=NU, node_slow_weight=W, node_slow_shift=SHIFT)
     q = np.array([0.01, 0.5, 0.9, 0.999, 1 - 1e-9])
     x = population_quantile(post, "node", q)
     assert x.shape == (6, 5)
@@ -91,7 +87,7 @@ def test_quantile_inverts_cdf_and_matches_scipy(family):
 
 @pytest.mark.parametrize("family", ["normal", "student_t", "mixture"])
 def test_max_quantile_and_max_draws_agree_with_brute_force(family):
-    post = _posterior(family, **EVERY_PARAMETER)
+    post = _posterior(family, node_nu=NU, node_slow_weight=W, node_slow_shift=SHIFT)
     n_units = 500
     rng = np.random.default_rng(2)
     brute = np.stack(
@@ -102,15 +98,6 @@ def test_max_quantile_and_max_draws_agree_with_brute_force(family):
     for i in range(6):
         assert stats.ks_2samp(brute[i], fast[i]).pvalue > 1e-3
         assert abs(np.mean(brute[i] <= q50[i]) - 0.5) < 0.05
-
-
-def test_mixture_without_a_recorded_slow_sd_has_a_unit_slow_component():
-    # posteriors written before the slow component had a spread of its own
-    post = _posterior("mixture", node_slow_weight=W, node_slow_shift=SHIFT)
-    x = np.array([-1.0, 0.5, 4.0])
-    expected = [(1 - w) * stats.norm.cdf(x) + w * stats.norm.cdf(x - s)
-                for w, s in zip(W, SHIFT, strict=True)]
-    assert np.allclose(population_cdf(post, "node", x), expected, rtol=1e-12)
 
 
 def test_max_quantile_of_normal_is_exact_for_huge_n():

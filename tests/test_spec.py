@@ -73,9 +73,6 @@ def test_unknown_field_and_prior_are_refused(tmp_path):
         ModelSpec(priors={"foo": 1.0})
     with pytest.raises(SpecError, match=r"priors.level_scale: must be a positive number"):
         ModelSpec(priors={"level_scale": -1})
-    # a prior whose meaning changed names its replacement
-    with pytest.raises(SpecError, match=r"priors.slow_shift_scale: replaced by slow_shift"):
-        ModelSpec(priors={"slow_shift_scale": 4.0})
 
 
 def test_unknown_name_and_bad_toml(tmp_path):

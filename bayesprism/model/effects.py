@@ -78,18 +78,12 @@ def grouped_helmert_inverse(effects: np.ndarray, group: np.ndarray) -> np.ndarra
     return free
 
 
-def population_logp(effects, family: str, level: str, scale, spec: ModelSpec, reference=None):
+def population_logp(effects, family: str, level: str, scale, spec: ModelSpec):
     """Log density of ``effects`` under a level's population at ``scale``; creates its parameters.
 
-    ``student_t`` adds ``{level}_nu`` (ν = 1 + Gamma(2, rate): a finite mean, tails learned).
-    ``mixture`` adds ``{level}_slow_weight`` ~ Beta(1, b) and a slow component with a shift and
-    an extra spread of its own: z ~ (1 − w)·N(0, 1) + w·N(shift, slow_sd). Their priors are
-    half-normal on the log scale of the reference class (``{level}_slow_shift_log``,
-    ``{level}_slow_spread_log``): a fleet of near-identical units has a core sd far below its
-    degraded units' slowdown, so in core sds a shift can be 30 or more (the former prior,
-    HalfNormal(4) in core sds, could not reach it). ``reference``: the log size of one unit of
-    ``effects / scale`` for the reference class (``scale`` itself when omitted: centred
-    levels). ``{level}_slow_shift`` and ``{level}_slow_sd`` are recorded standardised.
+    ``student_t`` adds ``{level}_nu`` (ν = 1 + Gamma(2, rate): a finite mean, tails learned);
+    ``mixture`` adds ``{level}_slow_weight`` ~ Beta(1, b) and ``{level}_slow_shift`` ≥ 0 (in
+    population sds): z ~ (1 − w)·N(0, 1) + w·N(shift, 1).
     """
     import pymc as pm
     import pytensor.tensor as pt
@@ -101,17 +95,12 @@ def population_logp(effects, family: str, level: str, scale, spec: ModelSpec, re
         nu = pm.Deterministic(f"{level}_nu", 1.0 + nu_excess)
         dist = pm.StudentT.dist(nu=nu, mu=0.0, sigma=scale)
     elif family == "mixture":
-        reference = scale if reference is None else reference
         weight = pm.Beta(f"{level}_slow_weight", 1.0, spec.prior("slow_weight_beta"))
-        shift_log = pm.HalfNormal(f"{level}_slow_shift_log", spec.prior("slow_shift"))
-        spread_log = pm.HalfNormal(f"{level}_slow_spread_log", spec.prior("slow_spread"))
-        shift = pm.Deterministic(f"{level}_slow_shift", shift_log / reference)
-        slow_sd = pm.Deterministic(f"{level}_slow_sd",
-                                   pt.sqrt(1.0 + pt.square(spread_log / reference)))
+        shift = pm.HalfNormal(f"{level}_slow_shift", spec.prior("slow_shift_scale"))
         dist = pm.NormalMixture.dist(
             w=pt.stack([1.0 - weight, weight]),
             mu=pt.stack([pt.zeros(()), shift * scale]),
-            sigma=pt.stack([pt.ones(()), slow_sd]) * scale,
+            sigma=pt.stack([scale, scale]) * pt.ones(2),
         )
     else:
         raise ValueError(f"unknown population family {family!r}")
@@ -174,30 +163,15 @@ def unit_level(level: str, prepared, spec: ModelSpec, estimate=None):
         raw = grouped_helmert(pt.where(is_group_mean, free * scale, free), group)
         if centred_level:
             pm.Potential(f"{level}_group_mean_jacobian", pt.log(scale))
-    loading, reference = None, None
-    if not centred_level and family == "mixture":
-        # the mixture's priors are on the reference class's log scale: the launch-weighted
-        # geometric mean of the loadings, as for centred levels (other families need none, and
-        # keep their variables in the order they had)
-        loading = _noncentred_loading(level, spec)
-        weights = np.asarray(prepared.data["launches_per_class"], dtype=float)
-        reference = pt.exp(pt.dot(weights / weights.sum(), pt.log(loading)))
-    pm.Potential(f"{level}_population",
-                 population_logp(raw, family, level, scale, spec, reference))
+    pm.Potential(f"{level}_population", population_logp(raw, family, level, scale, spec))
     centred = raw if nested else raw - pt.mean(raw)
     if not centred_level:
-        loading = _noncentred_loading(level, spec) if loading is None else loading
+        loading = pm.HalfNormal(f"{level}_scale", spec.prior("level_scale"), dims="kernel_class")
         effect = pm.Deterministic(f"{level}_effect", raw, dims=dim)
         return loading, effect, centred
     loading = class_scales(level, scale, prepared)
     effect = pm.Deterministic(f"{level}_effect", raw / scale, dims=dim)
     return loading, effect, centred / scale
-
-
-def _noncentred_loading(level: str, spec: ModelSpec):
-    import pymc as pm
-
-    return pm.HalfNormal(f"{level}_scale", spec.prior("level_scale"), dims="kernel_class")
 
 
 def class_scales(name: str, scale_ref, prepared):

@@ -424,11 +424,9 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
         # baselines to the step contrasts: diagonal mass matrix on PAL, 4 chains x 1000 draws:
         # R-hat 1.016, ESS 105; low-rank: R-hat 1.008, ESS 904
         attrs["mass_matrix"] = "low_rank"
-    if spec.likelihood == "mixture" or any(
-            spec.population(level) == "mixture" for level in ("node", "gpu") if level in units):
-        # with few slow launches (units) the slow component's shift and spread are nearly
-        # prior-only, and at target 0.8 a chain occasionally diverges there (1 in 2,000 draws
-        # at w = 0; a mixture node population with 3 slow nodes of 30: 2 in 600)
+    if spec.likelihood == "mixture":
+        # with few slow launches the slow component's shift and spread are nearly prior-only,
+        # and at target 0.8 a chain occasionally diverges there (1 in 2,000 draws at w = 0)
         attrs["target_accept"] = 0.9
     attrs["gpustep"] = ("marginalised" if spec.likelihood == "lognormal" else "sampled"
                         ) if "gpustep" in fitted else "absent"
