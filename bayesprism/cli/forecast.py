@@ -20,7 +20,7 @@ def register(sub) -> None:
     parser = sub.add_parser(
         "forecast",
         help="forecast step time and training time of parallel plans",
-        description="Posterior predictive step time (median, 90%% interval, P(slowdown)) of "
+        description="Posterior predictive step time (median, 90% interval, P(slowdown)) of "
         "parallel plans from --plan files and/or layout flags (flags override every file's "
         "plans; without either, the traced plan is forecast).",
     )

@@ -14,7 +14,7 @@ def register(sub) -> None:
         description="Recompose the plan with each source of variability (kernel class x level: "
         "node, gpu, step, gpustep, residual; collective noise and congestion) removed and "
         "halved, with common random numbers, and rank the sources by how much p95 step time "
-        "they cause. Intervals are 90%% across posterior draws.",
+        "they cause. Intervals are 90% across posterior draws.",
     )
     add_plan_arguments(parser)
     parser.add_argument("--top", type=int, default=15, help="rows of the printed table")

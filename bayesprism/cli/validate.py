@@ -13,7 +13,7 @@ def register(sub) -> None:
         help="score forecasts against held-out measurements (KS, coverage, CRPS, quantiles)",
         description="Fit the --fit data, predict the --heldout data, and print one row per "
         "method (bayesprism and the pooled and deterministic baselines) with the KS distance, "
-        "the coverage of the 50%% and 90%% central intervals, the CRPS and the signed relative "
+        "the coverage of the 50% and 90% central intervals, the CRPS and the signed relative "
         "errors of the median and p95. With --split the held-out part is split off the --fit "
         "data (nodes/gpus/ranks: a random half of the units, steps: the second half of every "
         "run, scale: the larger half of the world sizes; see --fraction) and --heldout may be "
