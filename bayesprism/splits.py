@@ -134,6 +134,13 @@ def split_table(
             late = set(_choose(steps, fraction, largest=True, rng=np.random.default_rng(seed)))
             held_mask[table.index.get_indexer(index)] |= table.loc[index, "step"].isin(late)
         held_units = sorted(int(s) for s in np.unique(labels.to_numpy()[held_mask]))
+        if not held_mask.any():
+            runs = table["run"].astype(str)
+            raise InputError(
+                Problem("split", "steps", f"each of the {runs.nunique()} run(s) has a single "
+                        "step: there is no later part to hold out (split by nodes, gpus or "
+                        "ranks instead)", example=runs.iloc[0])
+            )
     else:
         units = sorted(pd.unique(labels).tolist())
         if holdout is not None:

@@ -125,6 +125,9 @@ def test_split_rejects_unknown_units_and_impossible_splits(kernel_table):
         split_table(step_table(), "nodes")
     with pytest.raises(InputError, match="choose one of nodes, gpus, ranks, steps, scale"):
         split_table(kernel_table, "racks")
+    one_step = kernel_table[kernel_table["step"] == 0]
+    with pytest.raises(InputError, match="run\\(s\\) has a single step"):
+        split_table(one_step, "steps")
 
 
 def test_step_split_keeps_the_first_part_of_each_run(kernel_table):
