@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
+from scipy.interpolate import CubicSpline
 
 from bayesprism.errors import InputError, Problem
 
@@ -56,15 +57,35 @@ def _unit_sf(params: dict, z: np.ndarray) -> np.ndarray:
     return (1.0 - w) * special.ndtr(-z) + w * special.ndtr(shift - z)
 
 
+def _asinh(z: np.ndarray) -> np.ndarray:
+    """asinh(z) = sign(z) log(|z| + sqrt(z^2 + 1)), to 1e-13: ~1.5x faster than ``np.arcsinh``
+    (whose float64 kernel is not vectorised), and every table lookup warps its argument.
+    |z| is capped at 1e150 (asinh 346) so z^2 stays finite; tables saturate long before."""
+    a = np.minimum(np.abs(z), 1e150)
+    out = a * a
+    out += 1.0
+    np.sqrt(out, out=out)
+    out += a
+    np.log(out, out=out)
+    return np.copysign(out, z, out=out)
+
+
 class _TabulatedSF:
     """Population survival function per draw on a uniform grid over [lo, hi], interpolated in
-    log space. Student-t ``stdtr`` costs ~0.4 us a call, so many arguments per draw are cheaper
+    log space. Student-t ``stdtr`` costs ~0.25 us a call, so many arguments per draw are cheaper
     from a table (interpolation error below 1e-3 relative); other families stay closed-form.
     Ranges wider than :attr:`LINEAR_SPAN` (power-law tails, nu near 1, whose maxima spread over
     decades) are tabulated on a uniform grid in ``asinh(z)`` instead, dense near 0 and
-    logarithmic in the tails, where a power-law log-survival is linear in it."""
+    logarithmic in the tails, where a power-law log-survival is linear in it.
+
+    Only every :attr:`FILL_STRIDE`-th grid point is computed exactly; a cubic spline through
+    them fills the rest. The log-survival is smooth on either grid, so the fill is over 20x
+    more accurate than the linear interpolation between grid points that every lookup already
+    makes (both measured against ``stdtr`` for nu from 1.02 to 30), at a third of the cost.
+    """
 
     LINEAR_SPAN = 60.0
+    FILL_STRIDE = 3
 
     def __init__(self, params: dict, lo: np.ndarray, hi: np.ndarray, points: int = 768):
         self.params = params
@@ -72,17 +93,26 @@ class _TabulatedSF:
         if self.tabulated:
             self.warped = bool(np.any(hi - lo > self.LINEAR_SPAN))
             self.lo, self.hi = self._warp(lo), np.maximum(self._warp(hi), self._warp(lo) + 1e-9)
-            grid = self.lo[:, None] + (self.hi - self.lo)[:, None] * np.linspace(0, 1, points)
+            exact = np.unique(np.append(np.arange(0, points, self.FILL_STRIDE), points - 1))
+            grid = self.lo[:, None] + (self.hi - self.lo)[:, None] * (exact / (points - 1))
             z = np.sinh(grid) if self.warped else grid
-            self.table = np.log(np.maximum(_unit_sf(params, z), 1e-300))
+            known = np.log(np.maximum(_unit_sf(params, z), 1e-300))
+            # row-major, as lookups read it flat (the spline returns it transposed)
+            table = np.ascontiguousarray(CubicSpline(exact, known, axis=1)(np.arange(points)))
+            # a log-survival is <= 0 and falls with z; keep the spline's rounding-level
+            # overshoot from breaking either (lookups and quantile inversions rely on both)
+            self.table = np.minimum.accumulate(np.minimum(table, 0.0, out=table), axis=1,
+                                               out=table)
 
     def _warp(self, z: np.ndarray) -> np.ndarray:
-        return np.arcsinh(z) if self.warped else z
+        return _asinh(z) if self.warped else z
 
     def __call__(self, z: np.ndarray) -> np.ndarray:
         if not self.tabulated:
             return _unit_sf(self.params, z)
-        return np.exp(_interp_rows(self._warp(z), self.lo, self.hi, self.table))
+        # the warp's result is a fresh array the interpolation may overwrite (saves a pass)
+        out = _interp_rows(self._warp(z), self.lo, self.hi, self.table, scratch=self.warped)
+        return np.exp(out, out=out)
 
 
 def population_params(posterior, level: str, loading: np.ndarray) -> dict:
@@ -111,8 +141,11 @@ def _gpu_term_sf(y, lg, transient_sd, mu, gpu_params):
     lo = ((flat.min(axis=1) - mu.ravel() - sd.ravel() * _GH_X.max()) / safe_lg.ravel())
     hi = ((flat.max(axis=1) - mu.ravel() - sd.ravel() * _GH_X.min()) / safe_lg.ravel())
     sf = _TabulatedSF(gpu_params, lo, hi)
+    centred, step = (y - mu) / safe_lg, sd / safe_lg  # the argument of node x is centred - step*x
     for x, w in zip(_GH_X, _GH_W, strict=True):
-        out += w * sf((y - mu - sd * x) / safe_lg)
+        term = sf(centred - step * x)
+        term *= w
+        out += term
     return out
 
 
@@ -125,17 +158,65 @@ def _tail_quadrature(n_new: int) -> tuple[np.ndarray, np.ndarray]:
     return q, np.concatenate([np.full(n_low, 0.5 / n_low), np.diff(edges)])
 
 
-def _interp_rows(x: np.ndarray, grid_lo, grid_hi, values: np.ndarray) -> np.ndarray:
-    """Linear interpolation of per-row tables on uniform grids; x of shape (D, ...)."""
+def _interp_rows(
+    x: np.ndarray, grid_lo, grid_hi, values: np.ndarray, scratch: bool = False
+) -> np.ndarray:
+    """Linear interpolation of per-row tables on uniform grids; x of shape (D, ...).
+
+    ``scratch``: x is a temporary the result may overwrite. The tables are read through flat
+    indices (``take``), much cheaper than broadcast row/column fancy indexing on these sizes.
+    """
     n = values.shape[1]
     shape = (-1,) + (1,) * (x.ndim - 1)
-    pos = (x - grid_lo.reshape(shape)) / (grid_hi - grid_lo).reshape(shape) * (n - 1)
+    pos = x if scratch else x.copy()
+    pos -= grid_lo.reshape(shape)
+    pos *= ((n - 1) / (grid_hi - grid_lo)).reshape(shape)
     np.clip(pos, 0.0, n - 1.000001, out=pos)
     idx = pos.astype(np.int64)
     pos -= idx
-    rows = np.arange(x.shape[0]).reshape(shape)
-    below = values[rows, idx]
-    return below + (values[rows, idx + 1] - below) * pos
+    idx += (np.arange(x.shape[0]) * n).reshape(shape)
+    flat = values.reshape(-1)
+    below = flat.take(idx)
+    idx += 1
+    out = flat.take(idx)
+    out -= below
+    out *= pos
+    out += below
+    return out
+
+
+@dataclass(frozen=True)
+class _Populations:
+    """Node and GPU populations of every posterior draw and the quantiles :class:`_NodeMaxLaw`
+    needs, computed once for all chunks of draws (a Student-t quantile costs ~1 us)."""
+
+    node: dict
+    gpu: dict
+    node_quantiles: np.ndarray | None  # (D, Q) at the tail quadrature's levels
+    gpu_range: np.ndarray | None  # (D, 2) bounding the GPU effects of N new nodes
+
+    @classmethod
+    def of(cls, law: RankLaw, posterior, n_new: int) -> _Populations:
+        from bayesprism.population import population_quantile
+
+        node = population_params(posterior, "node", law.node)
+        gpu = population_params(posterior, "gpu", law.gpu)
+        node_quantiles = gpu_range = None
+        if node["family"] != "normal":
+            node_quantiles = population_quantile(posterior, "node", _tail_quadrature(n_new)[0])
+        if gpu["family"] != "normal":
+            levels = np.array([1e-9, 1.0 - 1e-6 / (n_new * law.gpus_per_node)])
+            gpu_range = population_quantile(posterior, "gpu", levels)
+        return cls(node, gpu, node_quantiles, gpu_range)
+
+
+def _interp_each_row(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
+    """``np.interp(x[i], xp[i], fp[i])`` per row, for knots xp *decreasing* along each row (a
+    survival function against x); x is (n_x,) or (D, n_x). The knots are reversed into
+    contiguous arrays once, not by each of thousands of calls."""
+    xp, fp = xp[:, ::-1].copy(), fp[:, ::-1].copy()
+    x = np.broadcast_to(x, (xp.shape[0], np.shape(x)[-1]))
+    return np.array([np.interp(*row) for row in zip(x, xp, fp, strict=True)])
 
 
 class _NodeMaxLaw:
@@ -148,21 +229,23 @@ class _NodeMaxLaw:
     else sum_j w_j S_M(x - ln Q_u(q_j)) with S_M tabulated on a fine grid.
     """
 
-    def __init__(self, law: RankLaw, posterior, n_new: int, rows: slice):
-        from bayesprism.population import population_quantile
+    #: S_u's table spans all of :meth:`bounds`, wider than the refined x of a later call;
+    #: twice the points keep the maxima at least as accurate as a 768-point table per call
+    #: (checked against exact ``stdtr`` for Student-t nu from 1.1 to 12)
+    NODE_TABLE_POINTS = 1536
 
+    def __init__(self, law: RankLaw, populations: _Populations, n_new: int, rows: slice):
         gpn = law.gpus_per_node
         self.ln = law.node[rows]
         lg = law.gpu[rows]
         sd = np.sqrt(law.gpustep[rows] ** 2 + law.resid_sd[rows] ** 2)
         mu = law.resid_mu[rows]
-        self.node_params = _subset_params(population_params(posterior, "node", law.node), rows)
-        gpu_params = _subset_params(population_params(posterior, "gpu", law.gpu), rows)
+        self.node_params = _subset_params(populations.node, rows)
+        gpu_params = _subset_params(populations.gpu, rows)
         spread = np.maximum(np.sqrt(lg**2 + sd**2), 1e-12)
         self.y_lo, self.y_hi = mu - 9.0 * spread, mu + 12.0 * spread
         if gpu_params["family"] != "normal":
-            v = _subset_rows(population_quantile(
-                posterior, "gpu", np.array([1e-9, 1.0 - 1e-6 / (n_new * gpn)])), rows)
+            v = populations.gpu_range[rows]
             self.y_lo = np.minimum(self.y_lo, mu + lg * v[:, 0] - 9.0 * sd)
             self.y_hi = np.maximum(self.y_hi, mu + lg * v[:, 1] + 9.0 * sd)
         y = self.y_lo[:, None] + (self.y_hi - self.y_lo)[:, None] * np.linspace(0.0, 1.0, 768)
@@ -172,13 +255,25 @@ class _NodeMaxLaw:
         self.u_closed = self.ln >= spread
         # quantiles of M (for the u-closed form) from its tabulated survival function
         log_tail = np.log1p(-self.q)
-        self.m_nodes = np.array([np.interp(log_tail, ls[::-1], yy[::-1])
-                                 for ls, yy in zip(self.log_sf_m, y, strict=True)])
+        self.m_nodes = _interp_each_row(log_tail, self.log_sf_m, y)
         if self.node_params["family"] == "normal":
             self.u_nodes = np.broadcast_to(special.ndtri(self.q), (self.ln.size, self.q.size))
         else:
-            self.u_nodes = _subset_rows(population_quantile(posterior, "node", self.q), rows)
+            self.u_nodes = populations.node_quantiles[rows]
         self.u_nodes = np.where(np.isfinite(self.u_nodes), self.u_nodes, 0.0)
+        self.node_sf = self._node_table() if np.any(self.u_closed) else None
+
+    def _node_table(self) -> _TabulatedSF:
+        """The node population's survival function at every argument (x - Q_M(q_j)) / ln of
+        the u-closed draws with x in :meth:`bounds`, tabulated once for all calls of
+        :meth:`log_sf` rather than once per call over that call's arguments."""
+        closed = self.u_closed
+        lo, hi = (b[closed] for b in self.bounds())
+        m = self.m_nodes[closed]
+        ln = self.ln[closed]
+        params = _subset_params(self.node_params, closed)
+        return _TabulatedSF(params, (lo - m.max(axis=1)) / ln, (hi - m.min(axis=1)) / ln,
+                            points=self.NODE_TABLE_POINTS)
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """A range of x certain to hold the maximum of N nodes (per draw)."""
@@ -187,26 +282,22 @@ class _NodeMaxLaw:
         return lo, hi
 
     def log_sf(self, x: np.ndarray) -> np.ndarray:
-        """log P(Y > x), x of shape (D, n_x), monotone in x."""
+        """log P(Y > x), x of shape (D, n_x) within :meth:`bounds`, monotone in x."""
         out = np.empty(x.shape)
         closed = self.u_closed
         if np.any(closed):
             ln = self.ln[closed][:, None, None]
-            z = (x[closed][:, :, None] - self.m_nodes[closed][:, None, :]) / ln
-            params = _subset_params(self.node_params, closed)
-            sf = _TabulatedSF(params, z.min(axis=(1, 2)), z.max(axis=(1, 2)))
-            out[closed] = (sf(z) * self.weights).sum(axis=-1)
+            z = x[closed][:, :, None] - self.m_nodes[closed][:, None, :]
+            z /= ln
+            out[closed] = self.node_sf(z) @ self.weights
         if not np.all(closed):
             rest = ~closed
             arg = x[rest][:, :, None] - self.ln[rest][:, None, None] * self.u_nodes[rest][:, None]
-            log_sf = _interp_rows(arg, self.y_lo[rest], self.y_hi[rest], self.log_sf_m[rest])
-            out[rest] = (np.exp(log_sf) * self.weights).sum(axis=-1)
+            log_sf = _interp_rows(arg, self.y_lo[rest], self.y_hi[rest], self.log_sf_m[rest],
+                                  scratch=True)
+            out[rest] = np.exp(log_sf, out=log_sf) @ self.weights
         out = np.minimum.accumulate(np.maximum(out, 1e-300), axis=1)  # monotone despite rounding
         return np.log(out)
-
-
-def _subset_rows(values: np.ndarray, rows) -> np.ndarray:
-    return values[rows]
 
 
 def _subset_params(params: dict, rows) -> dict:
@@ -245,20 +336,19 @@ def top_node_log_multipliers(
     # range decades above its lower end, which a uniform grid in x misses
     spacing = np.concatenate([[0.0], np.geomspace(1e-6, 1.0, 39)])
     chunk = 256
+    populations = _Populations.of(law, posterior, n_new)
     for start in range(0, d, chunk):
         rows = slice(start, min(d, start + chunk))
-        node_max = _NodeMaxLaw(law, posterior, n_new, rows)
+        node_max = _NodeMaxLaw(law, populations, n_new, rows)
         lo, hi = node_max.bounds()
         x = lo[:, None] + (hi - lo)[:, None] * spacing
         log_sf = node_max.log_sf(x)
         for _ in range(2):
-            x_new = np.array([np.interp(levels, ls[::-1], xi[::-1])
-                              for ls, xi in zip(log_sf, x, strict=True)])
+            x_new = _interp_each_row(levels, log_sf, x)
             x = np.concatenate([x, x_new], axis=1)
             log_sf = np.concatenate([log_sf, node_max.log_sf(x_new)], axis=1)
             order = np.argsort(x, axis=1, kind="stable")
             x = np.take_along_axis(x, order, axis=1)
             log_sf = np.minimum.accumulate(np.take_along_axis(log_sf, order, axis=1), axis=1)
-        for i, row in enumerate(range(rows.start, rows.stop)):
-            out[row] = np.interp(target[row], log_sf[i, ::-1], x[i, ::-1])
+        out[rows] = _interp_each_row(target[rows], log_sf, x)
     return out.reshape(d, size, top)
