@@ -258,11 +258,10 @@ def pipeline_finish(
     batch = forward.shape[:-1]
     weight = np.zeros_like(forward) if weight is None else np.asarray(weight, dtype=float)
     transfer = np.broadcast_to(np.asarray(transfer, dtype=float), batch)
-    durations = {
-        "F": [forward[..., d] for d in range(p)],
-        "B": [backward[..., d] for d in range(p)],
-        "W": [weight[..., d] for d in range(p)],
-    }
+    # one contiguous array per device, not strided views of the last axis: every op below
+    # is a pass over the batch, thousands of them for long pipelines
+    durations = {kind: list(np.moveaxis(a, -1, 0).copy())
+                 for kind, a in (("F", forward), ("B", backward), ("W", weight))}
     consumers: dict[Op, int] = {}
     for _, op in schedule.evaluation:
         dep, _ = _dependency(op, n_virtual)
@@ -273,14 +272,14 @@ def pipeline_finish(
     for d, op in schedule.evaluation:
         dep, with_transfer = _dependency(op, n_virtual)
         if dep is None:
-            start = free[d]
+            finish = free[d] + durations[op[0]][d]
         else:
             arrival = end[dep] + transfer if with_transfer else end[dep]
-            start = np.maximum(free[d], arrival)
+            finish = np.maximum(free[d], arrival)
+            finish += durations[op[0]][d]  # in place: finish is a fresh array
             consumers[dep] -= 1
             if consumers[dep] == 0:
                 del end[dep]  # bounded memory: keep only ends still awaited
-        finish = start + durations[op[0]][d]
         free[d] = finish
         if consumers.get(op, 0):
             end[op] = finish
