@@ -22,6 +22,7 @@ from scipy import special
 from scipy.interpolate import CubicSpline
 
 from bayesprism.errors import InputError, Problem
+from bayesprism.population import mixture_sf, population_parameters, population_quantile
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,7 @@ def _unit_sf(params: dict, z: np.ndarray) -> np.ndarray:
     shape = (-1,) + (1,) * (z.ndim - 1)
     if family == "student_t":
         return special.stdtr(params["nu"].reshape(shape), -z)
-    w = params["weight"].reshape(shape)
-    shift = params["shift"].reshape(shape)
-    return (1.0 - w) * special.ndtr(-z) + w * special.ndtr(shift - z)
+    return mixture_sf(*(params[k].reshape(shape) for k in ("weight", "shift", "slow_sd")), z)
 
 
 def _asinh(z: np.ndarray) -> np.ndarray:
@@ -118,8 +117,6 @@ class _TabulatedSF:
 def population_params(posterior, level: str, loading: np.ndarray) -> dict:
     """Family and per-draw parameters of a level's population ({"family": "normal"} when the
     level carries no loading in any draw, so an unfitted level needs no population)."""
-    from bayesprism.population import population_parameters
-
     if not np.any(loading):
         return {"family": "normal"}
     try:
@@ -197,8 +194,6 @@ class _Populations:
 
     @classmethod
     def of(cls, law: RankLaw, posterior, n_new: int) -> _Populations:
-        from bayesprism.population import population_quantile
-
         node = population_params(posterior, "node", law.node)
         gpu = population_params(posterior, "gpu", law.gpu)
         node_quantiles = gpu_range = None

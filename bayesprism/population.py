@@ -10,6 +10,9 @@ A fitted kernel-level posterior describes each level's *population* of standardi
 ``mixture``
     z ~ (1 − w)·N(0, 1) + w·N(shift, 1), w = ``{level}_slow_weight``,
     shift = ``{level}_slow_shift`` (the slow, degraded component).
+``degraded``
+    z ~ (1 − w)·N(0, 1) + w·N(shift, slow_sd): as ``mixture``, but the degraded component has a
+    spread of its own, slow_sd = ``{level}_slow_sd`` ≥ 1 (shift and slow_sd in core sds).
 
 Forecasts at scales never measured draw new units from these populations, once per posterior
 draw, so the uncertainty of the tail (ν, w, shift) carries into the maximum over 10^4 GPUs.
@@ -22,7 +25,9 @@ import numpy as np
 import xarray as xr
 from scipy import special
 
-POPULATION_FAMILIES: tuple[str, ...] = ("normal", "student_t", "mixture")
+POPULATION_FAMILIES: tuple[str, ...] = ("normal", "student_t", "mixture", "degraded")
+#: Families of two normal components: a core N(0, 1) and a slow one N(shift, slow_sd).
+TWO_COMPONENT: tuple[str, ...] = ("mixture", "degraded")
 
 
 def _posterior_dataset(posterior) -> xr.Dataset:
@@ -76,9 +81,11 @@ def population_parameters(posterior, level: str) -> dict[str, np.ndarray | str]:
     params: dict[str, np.ndarray | str] = {"family": family}
     if family == "student_t":
         params["nu"] = _flat(ds, f"{level}_nu")
-    elif family == "mixture":
+    elif family in TWO_COMPONENT:
         params["weight"] = _flat(ds, f"{level}_slow_weight")
         params["shift"] = _flat(ds, f"{level}_slow_shift")
+        params["slow_sd"] = (_flat(ds, f"{level}_slow_sd") if family == "degraded"
+                             else np.ones_like(params["shift"]))
     params["n_draws"] = np.asarray(_n_draws(ds))
     return params
 
@@ -112,7 +119,8 @@ def draw_effects(posterior, level: str, n_units: int, rng: np.random.Generator) 
     if p["family"] == "student_t":
         return rng.standard_t(p["nu"][:, None], size=(n, n_units))
     slow = rng.random((n, n_units)) < p["weight"][:, None]
-    return rng.standard_normal((n, n_units)) + slow * p["shift"][:, None]
+    spread = np.where(slow, p["slow_sd"][:, None], 1.0)
+    return rng.standard_normal((n, n_units)) * spread + slow * p["shift"][:, None]
 
 
 def population_sf(posterior, level: str, x) -> np.ndarray:
@@ -139,9 +147,12 @@ def _sf(p: dict, x: np.ndarray) -> np.ndarray:
         return np.broadcast_to(special.ndtr(-x), (n, *x.shape)).copy()
     if p["family"] == "student_t":
         return special.stdtr(_expand(p["nu"], x), -x)
-    w = _expand(p["weight"], x)
-    shift = _expand(p["shift"], x)
-    return (1.0 - w) * special.ndtr(-x) + w * special.ndtr(shift - x)
+    return mixture_sf(*(_expand(p[k], x) for k in ("weight", "shift", "slow_sd")), x)
+
+
+def mixture_sf(weight, shift, slow_sd, x) -> np.ndarray:
+    """P(z > x) of z ~ (1 − w)·N(0, 1) + w·N(shift, slow_sd) (arguments broadcast)."""
+    return (1.0 - weight) * special.ndtr(-x) + weight * special.ndtr((shift - x) / slow_sd)
 
 
 def _isf(p: dict, tail: np.ndarray) -> np.ndarray:
@@ -153,16 +164,16 @@ def _isf(p: dict, tail: np.ndarray) -> np.ndarray:
         return -special.stdtrit(nu, tail)
     # Mixture: no closed form. The quantile lies between the component quantiles, so bisect
     # in that bracket (60 halvings reach machine precision for any bracket width used here).
-    w = p["weight"].reshape((-1,) + (1,) * (tail.ndim - 1))
-    shift = p["shift"].reshape((-1,) + (1,) * (tail.ndim - 1))
+    w, shift, slow_sd = (p[k].reshape((-1,) + (1,) * (tail.ndim - 1))
+                         for k in ("weight", "shift", "slow_sd"))
     base = -special.ndtri(tail)
-    lo = np.minimum(base, base + shift)
-    hi = np.maximum(base, base + shift)
+    lo = np.minimum(base, shift + slow_sd * base)
+    hi = np.maximum(base, shift + slow_sd * base)
     lo, hi = np.broadcast_arrays(lo, hi)
     lo, hi = lo.copy(), hi.copy()
     for _ in range(80):
         mid = 0.5 * (lo + hi)
-        sf_mid = (1.0 - w) * special.ndtr(-mid) + w * special.ndtr(shift - mid)
+        sf_mid = mixture_sf(w, shift, slow_sd, mid)
         above = sf_mid > tail  # quantile is further right
         lo = np.where(above, mid, lo)
         hi = np.where(above, hi, mid)

@@ -23,7 +23,7 @@ LIKELIHOODS: tuple[str, ...] = ("lognormal", "student_t", "mixture")
 #: Likelihoods without sufficient statistics: fitted on rows (one term per launch).
 ROW_LIKELIHOODS: tuple[str, ...] = ("student_t", "mixture")
 #: Population families of standardised unit effects (see ``bayesprism.population``).
-POPULATIONS: tuple[str, ...] = ("normal", "student_t", "mixture")
+POPULATIONS: tuple[str, ...] = ("normal", "student_t", "mixture", "degraded")
 #: Variance-component levels of the kernel model.
 LEVELS: tuple[str, ...] = ("node", "gpu", "step", "gpustep", "cabinet")
 PARAMETERISATIONS: tuple[str, ...] = ("auto", "centred", "noncentred")
@@ -38,6 +38,9 @@ DEFAULT_PRIORS: dict[str, float] = {
     "nu_rate": 0.1,  # Gamma(2, rate) prior on Student-t degrees of freedom (mean 20)
     "slow_weight_beta": 19.0,  # Beta(1, b) prior on the slow mixture weight (mean 5 %)
     "slow_shift_scale": 4.0,  # half-normal scale of the slow component's shift (in pop. sds)
+    # degraded population: degraded units on the reference class's log scale (not in core sds)
+    "degraded_shift": 0.1,  # half-normal scale of their log shift (0.1: ~10 % slow)
+    "degraded_spread": 0.05,  # half-normal scale of their extra log sd (degraded units differ)
     # mixture residual: ε ~ (1 − w)·N(0, σ) + w·N(δ, √(σ² + τ²)), per class (log scale)
     "resid_slow_weight_beta": 19.0,  # Beta(1, b) prior on w, the share of slow launches (5 %)
     "resid_slow_shift": 0.5,  # half-normal scale of δ ≥ 0, the slow launches' log shift
@@ -78,8 +81,11 @@ class ModelSpec:
         ``"mixture"`` (two lognormal components, a core and a share of slow launches shifted
         by δ ≥ 0 and wider, fitted on rows; finite moments).
     node_population, gpu_population
-        Family of the standardised node / GPU effects: ``"normal"``, ``"student_t"`` or
-        ``"mixture"`` (a slow component for degraded units).
+        Family of the standardised node / GPU effects: ``"normal"``, ``"student_t"``,
+        ``"mixture"`` (a slow component one core sd wide, shifted by a few core sds) or
+        ``"degraded"`` (a tight core of healthy units and a share of degraded ones with a shift
+        and a spread of their own on the log scale, however many core sds out they sit: per-GPU
+        benchmark tables of a near-identical fleet). See ``bayesprism.model.effects``.
     levels
         Variance components to fit, a subset of :data:`LEVELS`.
     parameterisation
@@ -363,6 +369,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
     "benchmark": ModelSpec(
         name="benchmark",
         likelihood="mixture",
+        node_population="degraded",
         levels=("cabinet", "node", "gpu", "step"),
         collective_model="none",
         step_noise=True,

@@ -18,7 +18,8 @@ Residual variants (``--variants``): on the PAL and DLRM cases the same split is 
 the case's spec under other residual likelihoods of the registry, reported as
 ``bayesprism[<likelihood>]`` rows. The ``bayesprism`` row is the case's named spec: PAL uses
 ``benchmark`` (``mixture`` residual: two lognormal components, a share of slow repeats, finite
-moments; ``step_noise``: a repeat may be noisier as a whole), DLRM ``default`` (``lognormal``
+moments; ``step_noise``: a repeat may be noisier as a whole; a ``degraded`` node population: a
+tight core and a share of degraded nodes), DLRM ``default`` (``lognormal``
 on exact cell statistics). A ``lognormal`` variant of ``benchmark`` fits without step_noise,
 which needs a row likelihood. By default PAL also shows
 ``student_t`` (heavy tails, but infinite expected maxima: its slowest-of-k forecasts are

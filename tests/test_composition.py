@@ -170,10 +170,20 @@ class _SlowMixture:
         return 0.95 * stats.norm.cdf(x) + 0.05 * stats.norm.cdf(x - 4.0)
 
 
+class _Degraded:
+    """The degraded population: 5 % of units 30 core sds slow, spread over 10 core sds."""
+
+    @staticmethod
+    def cdf(x):
+        return 0.95 * stats.norm.cdf(x) + 0.05 * stats.norm.cdf(x, 30.0, 10.0)
+
+
 @pytest.mark.parametrize(
     ("family", "params", "dist"),
     [("normal", {}, stats.norm), ("student_t", {"node_nu": 3.0}, stats.t(3.0)),
-     ("mixture", {"node_slow_weight": 0.05, "node_slow_shift": 4.0}, _SlowMixture)],
+     ("mixture", {"node_slow_weight": 0.05, "node_slow_shift": 4.0}, _SlowMixture),
+     ("degraded", {"node_slow_weight": 0.05, "node_slow_shift": 30.0, "node_slow_sd": 10.0},
+      _Degraded)],
 )
 def test_fast_path_maximum_has_the_distribution_of_the_max_of_n_draws(family, params, dist):
     n_nodes, scale = 1000, 0.1

@@ -519,3 +519,45 @@ def test_mixture_residual_recovers_the_slow_component_and_mixes(weight):
     assert (lo < true_mean).all() and (true_mean < hi).all(), ("mean", lo, hi)
     lo, hi = interval(np.sqrt(var))
     assert (lo < np.sqrt(true_var)).all() and (np.sqrt(true_var) < hi).all(), ("sd", lo, hi)
+
+
+# ---------------------------------------------------------------- degraded node populations
+def _cabinet_table():
+    """12 nodes in 3 cabinets, one benchmark launch per GPU-step, node n03 degraded (+8 %)."""
+    table, _ = simulate_trace(nodes=12, gpus=4, steps=5, launches=1, node_sd=0.002,
+                              gpu_sd=0.003, step_sd=0.0, gs_sd=0.01, resid=0.0, seed=11,
+                              kernels=[("gemm_a", "gemm", 5.0)])
+    table.loc[table["node"] == "n03", "duration_us"] *= 1.08
+    table["cabinet"] = "c" + (table["node"].cat.codes // 4).astype(str)
+    return table
+
+
+@pytest.mark.parametrize("population", ["student_t", "degraded"])
+def test_degraded_nodes_are_not_nested_in_cabinets_and_their_scales_get_a_floor(population):
+    spec = ModelSpec(likelihood="mixture", collective_model="none", node_population=population,
+                     levels=("cabinet", "node", "gpu", "step"))
+    prepared = prepare_kernel([_cabinet_table()], spec)
+    groups = prepared.data["node_group"]
+    model = build_kernel(prepared, spec)
+    potentials = {p.name for p in model.potentials}
+    floors = {"node_scale_floor", "cabinet_scale_floor"}
+    if population == "student_t":  # zero-sum within cabinet (exact for normal populations)
+        assert sorted(np.unique(groups)) == [0, 1, 2]
+        assert not floors & potentials
+        return
+    assert (groups == 0).all()
+    assert floors <= potentials and "node_noncentred_jacobian" in potentials
+    for name in ("node_slow_shift_log", "node_slow_spread_log", "node_slow_weight"):
+        assert name in model.named_vars
+    # the degraded node is sampled centred, the other 11 non-centred: at a point with
+    # node_scale_ref = s, moving the basis coefficient of a core node by 1 moves its effect by s
+    free = model.rvs_to_values[model["node_basis_coef"]]
+    effect = model["node_effect"] * model["node_scale_ref"]  # raw log effect
+    fn = pytensor.function([free, model.rvs_to_values[model["node_scale_ref"]]],
+                           model.replace_rvs_by_values([effect])[0], on_unused_input="ignore")
+    scale_value = np.log(0.01)  # node_scale_ref is log-transformed
+    base = fn(np.zeros(12), scale_value)
+    step = np.zeros(12)
+    step[[0, 3]] = 1.0
+    moved = fn(step, scale_value) - base
+    assert moved[0] == pytest.approx(0.01) and moved[3] == pytest.approx(1.0)

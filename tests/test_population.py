@@ -31,6 +31,13 @@ def _posterior(family: str, **params) -> xr.Dataset:
 NU = [2.5, 3.0, 5.0, 10.0, 30.0, 4.0]
 W = [0.01, 0.02, 0.05, 0.1, 0.0, 0.3]
 SHIFT = [3.0, 4.0, 2.0, 6.0, 1.0, 0.5]
+SLOW_SD = [1.0, 8.0, 2.0, 30.0, 1.5, 4.0]  # degraded units spread out, up to 30 core sds
+FAMILIES = ["normal", "student_t", "mixture", "degraded"]
+
+
+def _family_posterior(family: str) -> xr.Dataset:
+    return _posterior(family, node_nu=NU, node_slow_weight=W, node_slow_shift=SHIFT,
+                      node_slow_sd=SLOW_SD)
 
 
 def test_family_is_read_from_attrs_and_missing_level_is_a_key_error():
@@ -50,9 +57,9 @@ def test_datatree_is_accepted_with_family_on_root():
     assert draw_effects(tree, "node", 4, np.random.default_rng(0)).shape == (6, 4)
 
 
-@pytest.mark.parametrize("family", ["normal", "student_t", "mixture"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_draws_follow_each_posterior_draws_population(family):
-    post = _posterior(family, node_nu=NU, node_slow_weight=W, node_slow_shift=SHIFT)
+    post = _family_posterior(family)
     rng = np.random.default_rng(1)
     z = draw_effects(post, "node", 40_000, rng)
     assert z.shape == (6, 40_000)
@@ -64,14 +71,15 @@ def test_draws_follow_each_posterior_draws_population(family):
             cdf = stats.t(NU[i]).cdf
         else:
             w, s = W[i], SHIFT[i]
-            def cdf(x, w=w, s=s):
-                return (1 - w) * stats.norm.cdf(x) + w * stats.norm.cdf(x - s)
+            sd = SLOW_SD[i] if family == "degraded" else 1.0
+            def cdf(x, w=w, s=s, sd=sd):
+                return (1 - w) * stats.norm.cdf(x) + w * stats.norm.cdf(x, s, sd)
         assert stats.kstest(z[i], cdf).pvalue > 1e-3
 
 
-@pytest.mark.parametrize("family", ["normal", "student_t", "mixture"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_quantile_inverts_cdf_and_matches_scipy(family):
-    post = _posterior(family, node_nu=NU, node_slow_weight=W, node_slow_shift=SHIFT)
+    post = _family_posterior(family)
     q = np.array([0.01, 0.5, 0.9, 0.999, 1 - 1e-9])
     x = population_quantile(post, "node", q)
     assert x.shape == (6, 5)
@@ -85,9 +93,9 @@ def test_quantile_inverts_cdf_and_matches_scipy(family):
         assert np.allclose(x, stats.norm.ppf(q)[None, :], rtol=1e-10)
 
 
-@pytest.mark.parametrize("family", ["normal", "student_t", "mixture"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_max_quantile_and_max_draws_agree_with_brute_force(family):
-    post = _posterior(family, node_nu=NU, node_slow_weight=W, node_slow_shift=SHIFT)
+    post = _family_posterior(family)
     n_units = 500
     rng = np.random.default_rng(2)
     brute = np.stack(

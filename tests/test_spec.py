@@ -27,6 +27,7 @@ def test_named_specs_have_the_documented_shape():
     assert robust.likelihood == "mixture" and robust.gpu_population == "mixture"
     benchmark = ModelSpec.load("benchmark")
     assert "cabinet" in benchmark.levels and benchmark.likelihood == "mixture"
+    assert benchmark.node_population == "degraded"
     assert ModelSpec.load("default").likelihood == "lognormal"
 
 

@@ -9,7 +9,13 @@ from test_kernel_model import simulate_trace
 
 from bayesprism.model.effects import grouped_helmert_inverse
 from bayesprism.model.kernel import prepare_kernel
-from bayesprism.model.start import MIN_SE, kernel_baseline_se, unit_effect_estimates
+from bayesprism.model.start import (
+    MIN_SE,
+    kernel_baseline_se,
+    robust_unit_effects,
+    unit_effect_estimates,
+    unit_resolution,
+)
 from bayesprism.spec import ModelSpec
 
 
@@ -56,3 +62,40 @@ def test_grouped_helmert_inverse_inverts_the_map():
         where = np.flatnonzero(group == g)
         rebuilt[where] = free[where] @ helmert(where.size, full=True)
     assert np.allclose(rebuilt, effects)
+
+
+def test_resolution_discounts_a_noisy_warm_up_step_and_robust_effects_find_a_slow_node():
+    """One launch per GPU-step (a benchmark table): noise 0.01 on steps 1-5, a warm-up step 0
+    twenty times noisier. A GPU's effect is resolved to about 0.01/√5 (the warm-up adds little)
+    and a node's (4 GPUs) to 0.01/√20; a node 8 % slow stands out of the robust estimates."""
+    table, _ = simulate_trace(nodes=12, gpus=4, steps=6, launches=1, node_sd=0.0, gpu_sd=0.0,
+                              step_sd=0.0, gs_sd=0.01, resid=0.0, seed=5,
+                              kernels=[("gemm_a", "gemm", 5.0)])
+    warm = table["step"].to_numpy() == 0
+    noise = np.random.default_rng(6).normal(0.0, 0.2, warm.sum())
+    table.loc[warm, "duration_us"] *= np.exp(noise)
+    table.loc[table["node"] == "n03", "duration_us"] *= 1.08
+    spec = ModelSpec(levels=("node", "gpu", "step"), likelihood="mixture",
+                     collective_model="none")
+    prepared = prepare_kernel([table], spec)
+    resolution = unit_resolution(prepared.data, prepared.attrs["levels"])
+    assert resolution["gpu"] == pytest.approx(0.01 / np.sqrt(5), rel=0.35)
+    assert resolution["node"] == pytest.approx(0.01 / np.sqrt(20), rel=0.35)
+    # the weighted means' standard errors carry the warm-up noise: several times larger
+    assert unit_effect_estimates(prepared.data, prepared.attrs["levels"])["node"][1] > \
+        3 * resolution["node"]
+    node = robust_unit_effects(prepared.data, "node")
+    assert node[3] - np.median(node) == pytest.approx(np.log(1.08), abs=0.01)
+    others = np.delete(node, 3)
+    assert np.abs(others - np.median(others)).max() < 0.01
+
+
+def test_resolution_of_units_with_one_block_is_their_launches_standard_error():
+    """One step per GPU (a traced step): a GPU's effect is known from its launches' spread."""
+    table, _ = simulate_trace(nodes=2, gpus=4, steps=1, launches=50, gs_sd=0.0, resid=0.1,
+                              seed=7)
+    spec = ModelSpec(levels=("gpu",), collective_model="none")
+    prepared = prepare_kernel([table], spec)
+    n_launches = len(table) / 8
+    resolution = unit_resolution(prepared.data, prepared.attrs["levels"])["gpu"]
+    assert resolution == pytest.approx(0.1 / np.sqrt(n_launches), rel=0.2)
