@@ -30,6 +30,32 @@ def test_step_noise_needs_a_row_likelihood_and_the_step_level():
     assert "step_noise = true" in spec.to_toml()
 
 
+def test_a_table_of_single_steps_drops_the_step_level_and_step_noise_with_a_note():
+    """One run per GPU, one repeat each (PAL's LS6 table): the spec asks for step_noise, but
+    there are no repeats to differ in noise; the model builds without it (it raised a KeyError
+    from inside PyMC)."""
+    from bayesprism.model import build, prepare
+
+    rng = np.random.default_rng(0)
+    n = 24
+    table = validate_table(pd.DataFrame({
+        "run": pd.Categorical(np.full(n, "r0")), "step": np.zeros(n, dtype=int),
+        "rank": np.arange(n), "node": pd.Categorical([f"n{i // 4}" for i in range(n)]),
+        "gpu": np.arange(n) % 4, "kernel": pd.Categorical(np.full(n, "gemm")),
+        "kernel_class": pd.Categorical(np.full(n, "gemm")),
+        "duration_us": np.exp(rng.normal(np.log(500.0), 0.01, n)),
+        "cabinet": [f"c{i // 12}" for i in range(n)],
+    }))
+    spec = ModelSpec.load("benchmark")
+    prepared = prepare([table], spec)
+    # nor has a GPU of one launch an effect apart from that launch's residual
+    assert prepared.attrs["levels"] == ["cabinet", "node"]
+    assert any("step_noise" in note for note in prepared.attrs["notes"])
+    assert any("every GPU has a single launch" in note for note in prepared.attrs["notes"])
+    model = build(prepared, spec)
+    assert "step_noise" not in model.named_vars and "node_slow_weight" in model.named_vars
+
+
 def test_workload_moments_average_the_fitted_steps():
     # two fitted steps, core sd 0.1 stretched x2 and x0.5: the moments of a launch in a step
     # picked at random are the average of the two lognormals' (plus the spread of their means)

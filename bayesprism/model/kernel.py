@@ -333,13 +333,21 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
             if (per_node < 2).all():
                 notes.append("gpu level dropped: no node with 2 or more GPUs")
                 continue
+            if (np.bincount(gpu_codes) < 2).all():
+                # a GPU's one launch is all its data: its effect and its residual are the same
+                # number, a ridge the sampler cannot mix (PAL LS6: R-hat 1.05, ESS 26)
+                notes.append("gpu level dropped: every GPU has a single launch, so its effect "
+                             "cannot be told from the launch's residual")
+                continue
             units[level] = [f"{node_labels[n]}/{g}" for n, g in zip(gpu_node, gpu_local,
                                                                      strict=True)]
             unit_of_gpu[level] = np.arange(len(gpu_keys))
             group_of_unit[level] = node_of_gpu
         elif level == "step":
             if (np.bincount(step_run) < 2).all():
-                notes.append("step level dropped: no run with 2 or more steps")
+                notes.append("step level dropped: no run with 2 or more steps"
+                             + (" (and with it step_noise: no repeats to differ in noise)"
+                                if spec.step_noise else ""))
                 continue
             units[level] = [f"{run_labels[r]}/{s}" for r, s in zip(step_run, step_local,
                                                                      strict=True)]
@@ -431,7 +439,7 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
 
     attrs["levels"] = fitted
     attrs["parameterisation"] = param
-    if spec.step_noise:
+    if spec.step_noise and "step" in fitted:
         # a noisy step pins its level ~30x less tightly than the others, which ties the
         # baselines to the step contrasts: diagonal mass matrix on PAL, 4 chains x 1000 draws:
         # R-hat 1.016, ESS 105; low-rank: R-hat 1.008, ESS 904

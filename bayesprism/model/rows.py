@@ -45,13 +45,14 @@ def row_likelihood(prepared, spec: ModelSpec, a_free, beta, resid, gpustep) -> N
 
 
 def _step_noise_factor(prepared, spec: ModelSpec):
-    """Each row's residual-scale factor ``exp(step_noise[step])`` (1.0 without ``step_noise``).
+    """Each row's residual-scale factor ``exp(step_noise[step])`` (1.0 without ``step_noise``,
+    or when the step level was dropped: runs of a single step have no repeats to compare).
 
     ``step_noise`` is centred and zero-sum over the fitted steps: steps are data-rich (every
     GPU's launches inform each), the regime where centred zero-sum effects mix, and the sum
     constraint keeps the per-class ``resid_scale`` the scale of a typical step.
     """
-    if not spec.step_noise:
+    if not (spec.step_noise and "step" in prepared.attrs["levels"]):
         return 1.0
     import pymc as pm
     import pytensor.tensor as pt
