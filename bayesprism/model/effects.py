@@ -106,6 +106,8 @@ def population_logp(effects, family: str, level: str, scale, spec: ModelSpec, re
         nu = pm.Deterministic(f"{level}_nu", 1.0 + nu_excess)
         dist = pm.StudentT.dist(nu=nu, mu=0.0, sigma=scale)
     elif family == "mixture":
+        # written as before the degraded family (a shared form changed the rounding, and the
+        # robust spec's fit of DLRM, already on an edge at 300 draws, fell into another mode)
         weight = pm.Beta(f"{level}_slow_weight", 1.0, spec.prior("slow_weight_beta"))
         shift = pm.HalfNormal(f"{level}_slow_shift", spec.prior("slow_shift_scale"))
         dist = pm.NormalMixture.dist(

@@ -373,7 +373,7 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
         fitted.append(level)
         if level in unit_of_gpu:
             unit_of_gs[level] = unit_of_gpu[level][gs_gpu]
-    if "cabinet" in units and "node" in units and spec.node_population != "degraded":
+    if "cabinet" in units and "node" in units and _nodes_nest_in_cabinets(spec):
         # Nodes nest in cabinets: otherwise a cabinet's effect and the mean of its nodes'
         # effects form a ridge only the priors split (measured on PAL: divergences, R-hat 1.02).
         # Not for a degraded node population: nested effects are zero-sum within their cabinet
@@ -458,6 +458,12 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
         "nodes": len(node_ids), "gpus": len(gpu_keys), "steps": len(step_keys),
         "gpusteps": len(gs_keys), "single_launch_cells": int((cells.n == 1).sum()),
     })
+
+
+def _nodes_nest_in_cabinets(spec: ModelSpec) -> bool:
+    """Whether node effects are zero-sum within their cabinet (the preparation's comment says
+    why, and why not for a ``degraded`` node population)."""
+    return spec.node_population != "degraded"
 
 
 def _cabinet_of_node(tables, node_ids, node_labels, notes):
@@ -636,8 +642,8 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     estimates = unit_effect_estimates(d, attrs["levels"]) if centred_coords else {}
     floored = {level for level in ("node", "gpu")
                if level in attrs["levels"] and spec.population(level) == "degraded"}
-    if "node" in floored and "cabinet" in attrs["levels"]:
-        floored.add("cabinet")  # above un-nested nodes (see the nesting in preparation)
+    if {"node", "cabinet"} <= set(attrs["levels"]) and not _nodes_nest_in_cabinets(spec):
+        floored.add("cabinet")  # the ridge with un-nested nodes needs the floor
     resolution = unit_resolution(d, attrs["levels"]) if floored else {}
     for level in attrs["levels"]:
         if level == "gpustep":

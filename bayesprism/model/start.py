@@ -129,9 +129,10 @@ def _others_median(values: np.ndarray, index: np.ndarray) -> np.ndarray:
     return out
 
 
-def _robust_block_deviations(data: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Mask of GPU-steps with launches, and their residuals less their step unit's median."""
-    block_n, block_r = _block_residuals(data)
+def _robust_block_deviations(data: dict, block_n: np.ndarray, block_r: np.ndarray
+                             ) -> tuple[np.ndarray, np.ndarray]:
+    """Mask of GPU-steps with launches, and their residuals (:func:`_block_residuals`) less
+    their step unit's median."""
     used = block_n > 0
     step = data["gpustep_step"][used]
     r = block_r[used]
@@ -142,7 +143,7 @@ def robust_unit_effects(data: dict, level: str) -> np.ndarray:
     """Per unit of a persistent level (cabinet, node, GPU), the median of its GPU-steps'
     residuals less their step's median: robust to a noisy warm-up step and to slow repeats,
     which the weighted means of :func:`unit_effect_estimates` are not."""
-    used, dev = _robust_block_deviations(data)
+    used, dev = _robust_block_deviations(data, *_block_residuals(data))
     unit_of_gpu = data[f"{level}_of_gpu"]
     unit = unit_of_gpu[data["gpustep_gpu"][used]]
     return _medians(dev, unit, int(unit_of_gpu.max()) + 1)
@@ -158,7 +159,7 @@ def unit_resolution(data: dict, levels: list[str]) -> dict[str, float]:
     1 / noise² over its GPU-steps.
     """
     block_n, block_r = _block_residuals(data)
-    used, dev = _robust_block_deviations(data)
+    used, dev = _robust_block_deviations(data, block_n, block_r)
     gpu, step = data["gpustep_gpu"][used], data["gpustep_step"][used]
     n_step = int(data["gpustep_step"].max()) + 1
     dev = np.abs(dev - _others_median(dev, gpu))
