@@ -26,6 +26,7 @@ import pandas as pd
 import xarray as xr
 
 from bayesprism.errors import ConvergenceWarning, InputError, Problem
+from bayesprism.schema import signature_as_kernel
 
 RHAT_MAX = 1.01
 ESS_PER_CHAIN = 100
@@ -314,7 +315,7 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
     from bayesprism.io import ARTIFACT_SCHEMA_VERSION
     from bayesprism.model import build, prepare
 
-    tables = _as_tables(tables)
+    tables = [signature_as_kernel(t) for t in _as_tables(tables)]
     problems = [
         Problem("fit", name, "must be a positive integer", example=value)
         for name, value in (("draws", draws), ("chains", chains))

@@ -189,7 +189,8 @@ def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
     -------
     xarray.Dataset
         Variables ``kernel_class``, ``launches_per_step``, ``bytes_per_launch``, ``group_size``,
-        ``role`` (kernel); ``launches`` (kernel, rank); ``rank_node``, ``rank_gpu`` (rank);
+        ``role`` (kernel); ``launches`` (kernel, rank); ``rank_node``, ``rank_gpu``,
+        ``rank_pp_stage`` (rank; -1 where the traces give no pipeline stage);
         ``traced_step_time_us`` (step_unit, rank; NaN without ``start_us`` or where the rank ran
         nothing in that step); ``traced_step_span_us`` (step_unit: the step from the first
         kernel of any rank to the last end, the longest over nodes); ``traced_idle_us``
@@ -232,8 +233,19 @@ def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
     bytes_per_launch = per_kernel("bytes", "mean")
     group_size = per_kernel("group_size", _typical)
     roles = [collective_role(c, g, plan) for c, g in zip(kernel_class, group_size, strict=True)]
+    if "role" in rows.columns and rows["role"].notna().any():
+        # roles read from the traces' process groups win over the group-size guess
+        traced = (pd.Series(rows["role"].astype(object).to_numpy(), index=frame["kernel"])
+                  .dropna().groupby(level=0).agg(lambda s: s.value_counts().index[0]))
+        roles = [str(traced[k]) if k in traced.index and c in COLLECTIVE_CLASSES else r
+                 for k, c, r in zip(kernels, kernel_class, roles, strict=True)]
 
     placement = rows.groupby("rank", observed=True)[["node", "gpu"]].first().reindex(ranks)
+    if "pp_stage" in rows.columns and rows["pp_stage"].notna().any():
+        stage_of_rank = (rows.groupby("rank", observed=True)["pp_stage"].first().reindex(ranks)
+                         .astype("Float64").fillna(-1).to_numpy(dtype=np.int64))
+    else:
+        stage_of_rank = np.full(len(ranks), -1, dtype=np.int64)
     step_units = sorted(frame["step_unit"].unique().tolist(), key=_step_unit_key)
     if "start_us" in rows.columns and rows["start_us"].notna().any():
         start = rows["start_us"].to_numpy(dtype=float)
@@ -268,6 +280,7 @@ def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
             "role": ("kernel", np.array(roles, dtype=object)),
             "rank_node": ("rank", placement["node"].astype(str).to_numpy().astype(object)),
             "rank_gpu": ("rank", placement["gpu"].to_numpy(dtype=np.int64)),
+            "rank_pp_stage": ("rank", stage_of_rank),
             "traced_step_time_us": (("step_unit", "rank"), span),
             "traced_step_span_us": ("step_unit", step_span),
             "traced_idle_us": (("step_unit", "rank", "sync"), idle),

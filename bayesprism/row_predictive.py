@@ -18,6 +18,7 @@ import pandas as pd
 import xarray as xr
 
 from bayesprism.composition import DEFAULT_MAX_SLOWDOWN
+from bayesprism.schema import signature_as_kernel
 from bayesprism.workload import (
     fitted_step_weights,
     flat_draws,
@@ -123,6 +124,7 @@ def predict_rows(
     post = posterior["posterior"].to_dataset() if isinstance(posterior, xr.DataTree) else posterior
     post = post.assign_attrs({**dict(getattr(posterior, "attrs", {})), **dict(post.attrs)})
     kernels = post["kernel_log_median"].coords["kernel"].to_numpy().astype(str)
+    rows = signature_as_kernel(rows)  # the fit's kernels are signatures (bayesprism.inference)
     row_kernels = rows["kernel"].astype(str).to_numpy()
     predictable = np.isin(row_kernels, kernels)
     rows = rows.loc[predictable]

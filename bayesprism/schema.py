@@ -89,9 +89,38 @@ OPTIONAL_COLUMNS: dict[str, object] = {
     "phase": "category",
     "cabinet": "category",
     "source": "category",
+    "role": "category",
+    "signature": "category",
+    "tp_rank": "Int64",
+    "pp_stage": "Int64",
+    "dp_rank": "Int64",
+    "cp_rank": "Int64",
+    "ep_rank": "Int64",
 }
 
 ALL_COLUMNS: dict[str, object] = {**REQUIRED_COLUMNS, **OPTIONAL_COLUMNS}
+
+
+def signature_as_kernel(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with each row's ``signature`` as its ``kernel`` (DESIGN §3): what the model
+    and the inventory treat as one kernel. Rows without a signature keep their kernel name.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> t = pd.DataFrame({"kernel": pd.Categorical(["gemm", "gemm"]),
+    ...                   "signature": pd.Categorical(["gemm #1", None])})
+    >>> signature_as_kernel(t)["kernel"].tolist()
+    ['gemm #1', 'gemm']
+    """
+    if "signature" not in table.columns or table["signature"].isna().all():
+        return table
+    out = table.copy()
+    kernel = table["signature"].astype(object).where(table["signature"].notna(),
+                                                     table["kernel"].astype(object))
+    out["kernel"] = kernel.astype("category")
+    out.attrs = table.attrs
+    return out
 
 
 def empty_attrs() -> dict:

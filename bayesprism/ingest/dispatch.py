@@ -38,7 +38,9 @@ import numpy as np
 import pandas as pd
 
 from bayesprism.errors import IngestWarning, InputError, Problem, TraceFormatError
+from bayesprism.ingest.joblayout import reconcile_layout
 from bayesprism.ingest.layout import check_layout, report_with_layout
+from bayesprism.ingest.signatures import SignatureStats, apply_signatures, signature_map
 from bayesprism.ingest.waits import split_notes, split_wait_transfer
 from bayesprism.schema import (
     ALL_COLUMNS,
@@ -218,6 +220,8 @@ class IngestCollector:
     kineto_first: dict[str, dict] = field(default_factory=dict)
     ranks_by_run: dict[str, set] = field(default_factory=dict)
     unrecognised: list[str] = field(default_factory=list)
+    layouts: dict[str, list[tuple[str, int, dict]]] = field(default_factory=dict)
+    signature_stats: SignatureStats = field(default_factory=SignatureStats)
 
     def skip(self, reason: str, count: int = 1) -> None:
         self.attrs["skipped"][reason] = self.attrs["skipped"].get(reason, 0) + count
@@ -255,7 +259,24 @@ class IngestCollector:
         if "rank" in df:
             self.ranks_by_run.setdefault(run, set()).update(
                 int(r) for r in pd.unique(df["rank"]) if r >= 0)
+        if report.get("layout") is not None:
+            self.layouts.setdefault(run, []).append((source, int(report["rank"]),
+                                                     report["layout"]))
+        self.signature_stats.add(df)
         return ok
+
+    def finish(self) -> dict[str, str]:
+        """Reconcile each traced run's layout over its files (run metadata, problems, notes)
+        and return the place key → signature map (:mod:`bayesprism.ingest.signatures`)."""
+        runs = self.attrs["runs"]
+        for run, reports in self.layouts.items():
+            meta, problems, notes = reconcile_layout(run, reports, runs.get(run, {}),
+                                                     runs.get(run, {}).get("world_size"))
+            runs[run] = meta
+            self.problems.extend(problems)
+            for text in notes:
+                self.note(text)
+        return signature_map(self.signature_stats)
 
     def _check_kineto(self, source: str, run: str, report: dict) -> bool:
         rank = report.get("rank")
@@ -453,9 +474,12 @@ def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict |
     collector = IngestCollector(problems=list(problems))
     options = reader_options(gpus_per_node, rank_to_node, column_map, check_layout(layout))
     frames = list(iter_frames(files, options, collector, progress))
+    signatures = collector.finish()
     raise_problems(collector, bool(frames))
     columns = [c for c in ALL_COLUMNS if any(c in f.columns for f in frames)]
     df = pd.concat([_to_columns(f, columns) for f in frames], ignore_index=True)
+    if signatures and "signature" in df:
+        df["signature"] = apply_signatures(df["signature"], signatures)
     coll = collective_mask(df)
     if coll.any():
         wait, transfer = split_collectives(df.loc[coll], collector)

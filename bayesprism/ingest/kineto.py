@@ -42,12 +42,14 @@ import numpy as np
 import pandas as pd
 
 from bayesprism.errors import IngestWarning, Problem, TraceFormatError
+from bayesprism.ingest.annotate import annotate_rank, launch_config
 from bayesprism.ingest.classify import (
     classify_kernel,
     collective_class,
     is_nccl_kernel,
     normalize_kernel_name,
 )
+from bayesprism.ingest.groups import collect_groups
 from bayesprism.ingest.kineto_json import (
     STEP_PREFIX,
     SliceLayoutError,
@@ -314,6 +316,8 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
     group_size = np.full(n, np.nan)
     process_group = np.full(n, None, dtype=object)
     dtype = np.full(n, None, dtype=object)
+    op_name = np.full(n, None, dtype=object)
+    kernel_groups: dict[str, tuple] = {}
     nccl_unique = np.array([is_nccl_kernel(u) for u in uniques], dtype=bool)
     is_nccl = nccl_unique[codes]
     if is_nccl.any():
@@ -336,6 +340,10 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
         pg = args.process_group
         if pg is not None:
             process_group[i] = str(pg)
+            if str(pg) not in kernel_groups and args.process_group_ranks is not None:
+                kernel_groups[str(pg)] = (str(pg), args.process_group_desc,
+                                          args.process_group_ranks)
+        op_name[i] = args.collective
 
     dev = _as_float(device)
     if np.isnan(dev).any():
@@ -368,9 +376,21 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
         "transfer_us": np.nan,
         "source": constant(path.name),
     })
-    df = df.sort_values(["step", "start_us"], kind="stable", ignore_index=True)
+    extra = pd.DataFrame({"op": op_name[keep],
+                          "launch": launch_config(scan.grid, scan.block)[keep]})
+    order = np.lexsort((df["start_us"].to_numpy(), df["step"].to_numpy()))
+    df = df.iloc[order].reset_index(drop=True)
+    extra = extra.iloc[order].reset_index(drop=True)
     df["occurrence"] = df.groupby(["step", "kernel"], sort=False, observed=True).cumcount(
     ).astype("Int64")
+    groups, group_problems = collect_groups(
+        info.get("pg_config") if isinstance(info, dict) else None, kernel_groups.values(),
+        source)
+    df, layout, rank_problems = annotate_rank(
+        df, groups=groups, rank=rank, world_size=world_size,
+        op_names=extra["op"].to_numpy(), launch=extra["launch"].to_numpy(), source=source)
+    if group_problems or rank_problems:
+        raise TraceFormatError(group_problems + rank_problems)
     df = coerce_table(df, source)
 
     run_meta = {
@@ -395,6 +415,7 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
         "job": job,
         "gpu_events": n,
         "kernel_events": int(sum(is_kernel)),
+        "layout": layout,
     }
     return df, report
 

@@ -40,6 +40,10 @@ class _Args(msgspec.Struct, gc=False):
     group_size: Any = msgspec.field(default=None, name="Group size")
     dtype: Any = None
     process_group: Any = msgspec.field(default=None, name="Process Group Name")
+    process_group_desc: Any = msgspec.field(default=None, name="Process Group Description")
+    process_group_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
+    grid: Any = None
+    block: Any = None
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -207,6 +211,8 @@ class ScannedEvents:
     device: list = field(default_factory=list)
     stream: list = field(default_factory=list)
     corr: list = field(default_factory=list)
+    grid: list = field(default_factory=list)
+    block: list = field(default_factory=list)
     coll_rows: list = field(default_factory=list)
     coll_args: list = field(default_factory=list)
     launch_corr: list = field(default_factory=list)
@@ -244,6 +250,8 @@ def scan_events(chunks: Iterator[list[_Event]]) -> ScannedEvents:
     out.device = [a.device for a in args]
     out.stream = [a.stream for a in args]
     out.corr = [a.correlation for a in args]
+    out.grid = [a.grid for a in args]
+    out.block = [a.block for a in args]
     out.coll_rows = [i for i, a in enumerate(args)
                      if a.collective is not None or a.in_nelems is not None]
     out.coll_args = [args[i] for i in out.coll_rows]

@@ -125,6 +125,7 @@ def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = Non
     schema = arrow_schema()
     tmp_out = out.with_name(out.name + ".tmp")
     tmp_coll = out.with_name(out.name + ".collectives.tmp")
+    tmp_sig = out.with_name(out.name + ".signatures.tmp")
     summary = SummaryAccumulator()
     wrote = False
     try:
@@ -142,13 +143,18 @@ def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = Non
                 if coll.any():
                     coll_writer.write_table(to_arrow(df.loc[coll], schema))
             coll_writer.close()
+            signatures = collector.finish()
             raise_problems(collector, wrote)
             _append_collectives(tmp_coll, writer, schema, collector, summary)
-            writer.add_key_value_metadata(
-                {ATTRS_KEY: json.dumps(_jsonable(collector.attrs)).encode()})
+            attrs_metadata = {ATTRS_KEY: json.dumps(_jsonable(collector.attrs)).encode()}
+            writer.add_key_value_metadata(attrs_metadata)
+        if signatures:
+            _rewrite_signatures(tmp_out, tmp_sig, schema, signatures, attrs_metadata)
+            summary.rename_signatures(signatures)
+            tmp_sig.replace(tmp_out)
         tmp_out.replace(out)
     finally:
-        for tmp in (tmp_out, tmp_coll):
+        for tmp in (tmp_out, tmp_coll, tmp_sig):
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
     return summary.result(collector.attrs)
@@ -177,6 +183,35 @@ def _append_collectives(side_file: Path, writer, schema, collector: IngestCollec
         writer.write_table(table)
         summary.add(table.to_pandas())
         offset += n
+
+
+def _rewrite_signatures(path: Path, out: Path, schema, mapping: dict[str, str],
+                        metadata: dict) -> None:
+    """Pass 3: the written table with place keys replaced by signatures
+    (:mod:`bayesprism.ingest.signatures`), batch by batch and in Arrow: only the signature
+    column's dictionary indices change."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    column = schema.get_field_index("signature")
+    source = pq.ParquetFile(path, read_dictionary=["signature"])
+    with pq.ParquetWriter(out, schema, store_schema=False) as writer:
+        for batch in source.iter_batches(batch_size=1 << 18):
+            sig = batch.column(column)
+            if not pa.types.is_dictionary(sig.type):
+                sig = sig.dictionary_encode()
+            keys = sig.dictionary.to_pylist()
+            names = [mapping.get(k, k) for k in keys]
+            uniques = sorted(set(names))
+            position = {name: i for i, name in enumerate(uniques)}
+            index_map = pa.array([position[name] for name in names], type=pa.int32())
+            indices = pc.take(index_map, sig.indices)
+            new = pa.DictionaryArray.from_arrays(indices, pa.array(uniques, type=pa.string()))
+            columns = list(batch.columns)
+            columns[column] = new
+            writer.write_batch(pa.RecordBatch.from_arrays(columns, schema=schema))
+        writer.add_key_value_metadata(metadata)
 
 
 def _read_table_file(path: Path, problems: list[Problem]) -> pd.DataFrame | None:

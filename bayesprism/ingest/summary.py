@@ -6,6 +6,7 @@ summary chunk by chunk, so streaming ingestion never has to read its output back
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 
@@ -20,6 +21,8 @@ class SummaryAccumulator:
         self._classes: dict[str, list[float]] = {}
         self._collective_rows = 0
         self._split_rows = 0
+        self._roles: dict[str, list[float]] = {}
+        self._signatures: set[tuple[str, str]] = set()
 
     def add(self, df: pd.DataFrame) -> None:
         """Account for one chunk of rows."""
@@ -43,6 +46,28 @@ class SummaryAccumulator:
             coll = df["kernel_class"].astype(str).isin(COLLECTIVE_CLASSES).to_numpy()
             self._collective_rows += int(coll.sum())
             self._split_rows += int((coll & df["transfer_us"].notna().to_numpy()).sum())
+        if "role" in df and df["role"].notna().any():
+            nbytes = df["bytes"] if "bytes" in df else pd.Series(0.0, index=df.index)
+            per_role = nbytes.fillna(0.0).groupby(df["role"], observed=True).agg(
+                ["count", "sum"])
+            for role, (count, total) in per_role.iterrows():
+                acc = self._roles.setdefault(str(role), [0, 0.0])
+                acc[0] += int(count)
+                acc[1] += float(total)
+        sig = df["signature"] if "signature" in df else None
+        if sig is not None and isinstance(sig.dtype, pd.CategoricalDtype):
+            cls = df["kernel_class"].astype("category")
+            pair = np.unique(cls.cat.codes.to_numpy().astype(np.int64) * (len(
+                sig.cat.categories) + 1) + sig.cat.codes.to_numpy())
+            c_codes, s_codes = np.divmod(pair, len(sig.cat.categories) + 1)
+            self._signatures.update(
+                (str(cls.cat.categories[c]), str(sig.cat.categories[k]))
+                for c, k in zip(c_codes, s_codes, strict=True) if k < len(sig.cat.categories))
+
+    def rename_signatures(self, mapping: dict[str, str]) -> None:
+        """Replace place keys counted so far by their signatures
+        (:func:`bayesprism.ingest.signatures.signature_map`)."""
+        self._signatures = {(c, mapping.get(s, s)) for c, s in self._signatures}
 
     def result(self, attrs: dict | None = None) -> dict:
         """The summary as a JSON-ready dict."""
@@ -69,7 +94,58 @@ class SummaryAccumulator:
                 | {"source_files": len(meta.get("source_files", []))}
                 for run, meta in attrs.get("runs", {}).items()
             },
+            "layout": {run: _layout_of(meta) for run, meta in attrs.get("runs", {}).items()
+                       if meta.get("layout_sources")},
+            "collective_roles": {role: {"count": int(c), "bytes": float(b)}
+                                 for role, (c, b) in sorted(self._roles.items())},
+            "signatures_per_class": _count_by_class(self._signatures),
         }
+
+
+def _count_by_class(pairs: set[tuple[str, str]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for cls, _ in pairs:
+        counts[cls] = counts.get(cls, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _layout_of(meta: dict) -> dict:
+    """A run's layout values with their provenance, and its rank-coordinate formula."""
+    plan = meta.get("plan") or {}
+    sources = meta.get("layout_sources") or {}
+    out = {"values": {k: {"value": plan.get(k, meta.get(k)), "source": v}
+                      for k, v in sources.items()}}
+    if meta.get("rank_coordinates"):
+        out["rank_coordinates"] = meta["rank_coordinates"]
+    return out
+
+
+def format_layout(layout: dict) -> list[str]:
+    """Lines showing a run's layout with provenance and its rank-coordinate formula.
+
+    Examples
+    --------
+    >>> format_layout({"values": {"tp": {"value": 8, "source": "trace"}},
+    ...                "rank_coordinates": {"order": ["tp"], "strides": {"tp": 1},
+    ...                                     "exceptions": 0}})
+    ['  layout: tp 8 (trace)', '  ranks: rank = tp_rank']
+    """
+    order = ("tp", "pp", "dp", "cp", "ep", "microbatches", "schedule", "sharding",
+             "virtual_stages", "micro_batch_size", "gpus_per_node")
+    values = layout.get("values", {})
+    keys = [k for k in order if k in values] + [k for k in values if k not in order]
+    lines = ["  layout: " + ", ".join(f"{k} {values[k]['value']} ({values[k]['source']})"
+                                      for k in keys)]
+    coords = layout.get("rank_coordinates")
+    if coords and coords.get("order"):
+        names = {"tp": "tp_rank", "pp": "pp_stage", "dp": "dp_rank", "cp": "cp_rank"}
+        terms = [names[d] if coords["strides"][d] == 1 else f"{coords['strides'][d]}·{names[d]}"
+                 for d in coords["order"]]
+        text = "  ranks: rank = " + " + ".join(terms)
+        if coords.get("exceptions"):
+            text += f" (except {coords['exceptions']} ranks)"
+        lines.append(text)
+    return lines
 
 
 def summarize_table(df: pd.DataFrame) -> dict:
@@ -102,9 +178,20 @@ def format_summary(summary: dict) -> str:
     for run, meta in summary.get("per_run", {}).items():
         details = ", ".join(f"{k} {v}" for k, v in meta.items() if v is not None)
         lines.append(f"  run {run}: {details}")
-    lines.append("kernel classes (count, total time):")
+    for run, layout in summary.get("layout", {}).items():
+        lines.extend(line.replace("  layout:", f"  run {run} layout:", 1)
+                     for line in format_layout(layout))
+    signatures = summary.get("signatures_per_class", {})
+    lines.append("kernel classes (count, total time" + (", signatures)" if signatures else "):"))
     for cls, stats in summary["kernel_classes"].items():
-        lines.append(f"  {cls:<14} {stats['count']:>10,}  {stats['total_us'] / 1e3:>12,.3f} ms")
+        extra = f"  {signatures[cls]:>5} sig." if cls in signatures else ""
+        lines.append(f"  {cls:<14} {stats['count']:>10,}  {stats['total_us'] / 1e3:>12,.3f} ms"
+                     + extra)
+    if summary.get("collective_roles"):
+        lines.append("collective roles (launches, bytes):")
+        for role, stats in summary["collective_roles"].items():
+            gib = stats["bytes"] / 2**30
+            lines.append(f"  {role:<14} {stats['count']:>10,}  {gib:>12,.2f} GiB")
     if summary.get("collective_rows"):
         lines.append(f"collective rows with a wait/transfer split: "
                      f"{summary['collective_rows_with_wait_split']:,} of "
@@ -120,4 +207,4 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["SummaryAccumulator", "format_summary", "summarize_table"]
+__all__ = ["SummaryAccumulator", "format_layout", "format_summary", "summarize_table"]
