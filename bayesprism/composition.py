@@ -155,6 +155,9 @@ class _Shared:
     p2p_us: np.ndarray
     dp_us: np.ndarray  # exposed data-parallel communication per step
     fallback_us: np.ndarray
+    # (D, R, pp) data-parallel communication of each stage's own gradients, after its own
+    # pipeline end (zeros when the plan model has no per-stage traffic)
+    dp_stage_us: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,7 @@ def _draw_shared(model: PlanModel, replicates: int, rng: np.random.Generator) ->
     kinds = sorted({c.kind for c in model.comms})
     eta = {kind: rng.standard_normal((d, r)) for kind in kinds}
     totals = {key: np.zeros((d, r)) for key in ("stage", "p2p", "dp", "fallback")}
+    per_stage = np.zeros((d, r, model.plan.pp))
     for term in model.comms:
         xi = rng.standard_normal((d, r))
         factor = np.exp(
@@ -199,15 +203,25 @@ def _draw_shared(model: PlanModel, replicates: int, rng: np.random.Generator) ->
             + term.noise_sd_log[:, None] * xi
             + term.congestion_sd[:, None] * eta[term.kind]
         )
-        totals[term.where] += term.det_us[:, None] * factor
+        if term.stage is None:
+            totals[term.where] += term.det_us[:, None] * factor
+        else:
+            per_stage[..., term.stage] += term.det_us[:, None] * factor
+    return _shared_of(model, model.loading["step"][:, None] * w, totals, per_stage)
+
+
+def _shared_of(model: PlanModel, step_log: np.ndarray, totals: dict, per_stage: np.ndarray
+               ) -> _Shared:
     m = model.plan.microbatches
+    exposed = 1.0 - float(model.plan.overlap)
     return _Shared(
-        step_log=model.loading["step"][:, None] * w,
+        step_log=step_log,
         stage_f_us=totals["stage"] / (2.0 * m),
         stage_b_us=totals["stage"] / (2.0 * m),
         p2p_us=totals["p2p"],
-        dp_us=(1.0 - float(model.plan.overlap)) * totals["dp"],
+        dp_us=exposed * totals["dp"],
         fallback_us=totals["fallback"],
+        dp_stage_us=exposed * per_stage,
     )
 
 
@@ -313,8 +327,9 @@ def _stage_times(model: PlanModel, shared: _Shared, multiplier: np.ndarray, sl):
     """Per-chunk forward/backward/weight durations from stage multipliers (..., pp)."""
     v = model.plan.virtual_stages if model.plan.schedule == "interleaved-1f1b" else 1
     ndim = multiplier.ndim
-    fwd = model.fwd_us[sl].reshape((-1,) + (1,) * (ndim - 1))
-    bwd = model.bwd_us[sl].reshape((-1,) + (1,) * (ndim - 1))
+    per_stage = (-1,) + (1,) * (ndim - 2) + (model.fwd_us.shape[-1],)
+    fwd = model.fwd_us[sl].reshape(per_stage)
+    bwd = model.bwd_us[sl].reshape(per_stage)
     comm_f = shared.stage_f_us[sl].reshape(shared.stage_f_us[sl].shape + (1,) * (ndim - 2))
     comm_b = shared.stage_b_us[sl].reshape(shared.stage_b_us[sl].shape + (1,) * (ndim - 2))
     f = (fwd * multiplier + comm_f) / v
@@ -356,7 +371,7 @@ def _exact(model, posterior, cluster, schedule, shared, replicates, streams, log
         groups = np.swapaxes(groups, -1, -2)  # (n, R, dp, pp)
         f, b, w = _stage_times(model, shared, groups, sl)
         ends = pipeline_finish(schedule, f, b, w, shared.p2p_us[sl][..., None])
-        finish[sl] = ends.max(axis=(-1, -2))
+        finish[sl] = (ends + shared.dp_stage_us[sl][:, :, None, :]).max(axis=(-1, -2))
     return finish, mean_mult, max_mult, capped
 
 
@@ -444,7 +459,7 @@ def _fast(model, posterior, schedule, shared, replicates, streams, log_cap):
     stage_mult = stage_mult.reshape(d, r, n_rep, plan.pp)
     f, b, w = _stage_times(model, shared, stage_mult, slice(None))
     ends = pipeline_finish(schedule, f, b, w, shared.p2p_us[..., None])
-    finish = ends.max(axis=(-1, -2))
+    finish = (ends + shared.dp_stage_us[:, :, None, :]).max(axis=(-1, -2))
     max_mult = np.maximum(slow.max(axis=-1), groups.max(axis=(-1, -2)))
     return finish, mean_mult, max_mult, capped
 
@@ -462,17 +477,13 @@ def _schedule_for(model: PlanModel, typical_model: PlanModel) -> Schedule:
 
 def _typical_shared(model: PlanModel) -> _Shared:
     totals = {key: np.zeros((model.draws, 1)) for key in ("stage", "p2p", "dp", "fallback")}
+    per_stage = np.zeros((model.draws, 1, model.plan.pp))
     for term in model.comms:
-        totals[term.where] += term.det_us[:, None]
-    m = model.plan.microbatches
-    return _Shared(
-        np.zeros((model.draws, 1)),
-        totals["stage"] / (2 * m),
-        totals["stage"] / (2 * m),
-        totals["p2p"],
-        (1.0 - float(model.plan.overlap)) * totals["dp"],
-        totals["fallback"],
-    )
+        if term.stage is None:
+            totals[term.where] += term.det_us[:, None]
+        else:
+            per_stage[..., term.stage] += term.det_us[:, None]
+    return _shared_of(model, np.zeros((model.draws, 1)), totals, per_stage)
 
 
 def _idle_law(model: PlanModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -516,13 +527,15 @@ def _assemble(model, shared, schedule, finish, mean_mult, max_mult, idle, ideal_
     after = shared.dp_us + shared.fallback_us
     step_idle, mean_idle = idle
     step_us = finish + after + model.opt_us[:, None] * max_mult + step_idle
-    compute_us = (m * (model.fwd_us + model.bwd_us)[:, None] + model.opt_us[:, None]) * mean_mult
+    per_mb = (model.fwd_us + model.bwd_us).mean(axis=-1)[:, None]  # the mean stage's rank
+    compute_us = (m * per_mb + model.opt_us[:, None]) * mean_mult
     compute_us = compute_us + mean_idle[:, None]
-    exposed_us = m * (shared.stage_f_us + shared.stage_b_us) + after
+    exposed_us = (m * (shared.stage_f_us + shared.stage_b_us) + after
+                  + shared.dp_stage_us.mean(axis=-1))
     uniform = np.broadcast_to(mean_mult[..., None], (*mean_mult.shape, model.plan.pp))
     f, b, w = _stage_times(model, shared, uniform, slice(None))
     makespan = pipeline_finish(schedule, f, b, w, shared.p2p_us).max(axis=-1)
-    busy = m * (model.fwd_us + model.bwd_us)[:, None] * mean_mult + m * (
+    busy = m * per_mb * mean_mult + m * (
         shared.stage_f_us + shared.stage_b_us
     )
     bubble_us = np.maximum(makespan - busy, 0.0)
@@ -557,12 +570,12 @@ def _residual_mean(model: PlanModel) -> float:
 def _ideal_from_model(model: PlanModel, residual_mean: float) -> float:
     schedule = _schedule_for(model, model)
     shared = _typical_shared(model)
-    finish = pipeline_finish(
+    finish = (pipeline_finish(
         schedule,
         *_stage_times(model, shared, np.full((1, 1, model.plan.pp), residual_mean),
                       slice(None)),
         shared.p2p_us,
-    ).max(axis=-1)
+    ) + shared.dp_stage_us).max(axis=-1)
     step = finish + shared.dp_us + shared.fallback_us + model.opt_us[:, None] * residual_mean
     mean, _, _ = _idle_law(model)
     step = step + mean.sum(axis=-1, keepdims=True)

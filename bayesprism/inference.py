@@ -26,7 +26,7 @@ import pandas as pd
 import xarray as xr
 
 from bayesprism.errors import ConvergenceWarning, InputError, Problem
-from bayesprism.schema import signature_as_kernel
+from bayesprism.schema import select_runs, signature_as_kernel
 
 RHAT_MAX = 1.01
 ESS_PER_CHAIN = 100
@@ -100,6 +100,26 @@ def _resolve_sampler(sampler: str) -> str:
             f"downgrade PyMC (pymc-extras pins pymc<6.4, installed {pm.__version__}): use 'advi' "
             "for a fast approximation", example=sampler))
     return sampler
+
+
+#: Run formats of micro-benchmarks: fitted with the traces (they inform collective costs and
+#: the node population) but not part of the traced job whose inventory the forecast replays.
+BENCHMARK_FORMATS = ("nccl-tests", "benchmark")
+
+
+def _traced_tables(tables: list[pd.DataFrame]) -> list[pd.DataFrame]:
+    """The tables (or runs) of the traced job, without micro-benchmark runs; all of them when
+    every run is a benchmark."""
+    out = []
+    for table in tables:
+        runs = table.attrs.get("runs") or {}
+        bench = {r for r, meta in runs.items() if (meta or {}).get("benchmark")
+                 or (meta or {}).get("format") in BENCHMARK_FORMATS}
+        if not bench:
+            out.append(table)
+        elif len(bench) < len(runs):
+            out.append(select_runs(table, [r for r in runs if r not in bench]))
+    return out or tables
 
 
 def _combined_table(tables: list[pd.DataFrame]) -> pd.DataFrame:
@@ -331,7 +351,7 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
         raise InputError(Problem("fit", "tune", "nutpie needs tune >= 1; use sampler='pymc' "
                                  "to sample without warm-up", example=tune))
     prepared = prepare(tables, spec)
-    inventory = kernel_inventory(_combined_table(tables))
+    inventory = kernel_inventory(_combined_table(_traced_tables(tables)))
     model = build(prepared, spec)
 
     digest = input_digest(tables)

@@ -123,8 +123,9 @@ def traced_plan(table: pd.DataFrame) -> dict:
     """The parallel plan of the traced run, from ``table.attrs`` (dp defaults to world size).
 
     Uses the run with the most rows when the table holds several. Keys: ``dp, tp, pp, cp, ep,
-    microbatches, gpus_per_node, world_size`` (``microbatches`` None when unknown) and ``known``
-    (False when the trace carried no plan at all).
+    microbatches, gpus_per_node, world_size`` (``microbatches`` None when unknown), ``known``
+    (False when the trace carried no plan at all), and ``schedule`` and ``sharding`` where the
+    run records them.
     """
     runs_meta = table.attrs.get("runs") or {}
     run = str(table["run"].astype(str).value_counts().index[0]) if len(table) else None
@@ -140,8 +141,13 @@ def traced_plan(table: pd.DataFrame) -> dict:
     if gpus_per_node is None:
         per_node = table.loc[table["rank"] >= 0].groupby("node", observed=True)["gpu"].nunique()
         gpus_per_node = int(per_node.max()) if len(per_node) else 1
-    return {"dp": dp, **sizes, "microbatches": _positive_int(plan.get("microbatches")),
-            "gpus_per_node": gpus_per_node, "world_size": world, "known": bool(plan)}
+    out = {"dp": dp, **sizes, "microbatches": _positive_int(plan.get("microbatches")),
+           "gpus_per_node": gpus_per_node, "world_size": world, "known": bool(plan)}
+    # what the traces say of the schedule and the optimizer's sharding (bayesprism.ingest)
+    for key in ("schedule", "sharding"):
+        if isinstance(plan.get(key), str):
+            out[key] = plan[key]
+    return out
 
 
 def collective_role(kernel_class: str, group_size: float, plan: dict) -> str:
@@ -190,7 +196,9 @@ def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
     xarray.Dataset
         Variables ``kernel_class``, ``launches_per_step``, ``bytes_per_launch``, ``group_size``,
         ``role`` (kernel); ``launches`` (kernel, rank); ``rank_node``, ``rank_gpu``,
-        ``rank_pp_stage`` (rank; -1 where the traces give no pipeline stage);
+        ``rank_pp_stage`` (rank; -1 where the traces give no pipeline stage); ``tail_share``
+        (kernel: share of launches in the step's tail, the optimizer step) and
+        ``stage_bytes`` (kernel, pp_stage: mean bytes of a collective launch per stage);
         ``traced_step_time_us`` (step_unit, rank; NaN without ``start_us`` or where the rank ran
         nothing in that step); ``traced_step_span_us`` (step_unit: the step from the first
         kernel of any rank to the last end, the longest over nodes); ``traced_idle_us``
@@ -231,6 +239,7 @@ def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
         return np.where(is_collective, out, np.nan)
 
     bytes_per_launch = per_kernel("bytes", "mean")
+    tail_share, stage_bytes, stages = _stage_details(rows, frame, kernels, is_collective)
     group_size = per_kernel("group_size", _typical)
     roles = [collective_role(c, g, plan) for c, g in zip(kernel_class, group_size, strict=True)]
     if "role" in rows.columns and rows["role"].notna().any():
@@ -281,12 +290,15 @@ def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
             "rank_node": ("rank", placement["node"].astype(str).to_numpy().astype(object)),
             "rank_gpu": ("rank", placement["gpu"].to_numpy(dtype=np.int64)),
             "rank_pp_stage": ("rank", stage_of_rank),
+            "tail_share": ("kernel", tail_share),
+            "stage_bytes": (("kernel", "pp_stage"), stage_bytes),
             "traced_step_time_us": (("step_unit", "rank"), span),
             "traced_step_span_us": ("step_unit", step_span),
             "traced_idle_us": (("step_unit", "rank", "sync"), idle),
             "sync_role": ("sync", sync_role),
         },
         coords={"kernel": np.array(kernels, dtype=object), "rank": np.array(ranks),
+                "pp_stage": np.arange(stages),
                 "step_unit": np.array(step_units, dtype=object),
                 "sync": np.arange(idle.shape[-1])},
         attrs={"kind": "kernel", "traced_plan": json.dumps(plan_json, sort_keys=True),
@@ -294,6 +306,34 @@ def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
                "platform": ",".join(platforms), "traced_step_time_note": span_note},
     )
     return ds
+
+
+def _stage_details(rows: pd.DataFrame, frame: pd.DataFrame, kernels: list[str],
+                   is_collective: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per kernel, the share of its launches in the step's tail (``phase == "optimizer"``:
+    the optimizer step after the last backward, ``bayesprism.ingest.annotate``; the class
+    ``optimizer`` where the traces have no phases), and per kernel and traced pipeline stage
+    the mean bytes of a collective launch (NaN elsewhere; one stage when none is known)."""
+    classes = frame.groupby("kernel")["kernel_class"].first().reindex(kernels)
+    if "phase" in rows.columns and rows["phase"].notna().any():
+        tail = pd.Series((rows["phase"].astype(str) == "optimizer").to_numpy(),
+                         index=frame["kernel"].to_numpy())
+        share = tail.groupby(level=0).mean().reindex(kernels).to_numpy(dtype=float)
+    else:
+        share = (classes == "optimizer").to_numpy(dtype=float)
+    if "pp_stage" not in rows.columns or rows["pp_stage"].isna().all():
+        stage = np.zeros(len(rows), dtype=np.int64)
+    else:
+        stage = rows["pp_stage"].astype("Float64").fillna(0).to_numpy(dtype=np.int64)
+    stages = int(stage.max()) + 1 if len(stage) else 1
+    nbytes = (pd.to_numeric(rows["bytes"], errors="coerce").to_numpy(dtype=float)
+              if "bytes" in rows.columns else np.full(len(rows), np.nan))
+    by_stage = (pd.DataFrame({"kernel": frame["kernel"].to_numpy(), "stage": stage,
+                              "bytes": nbytes})
+                .groupby(["kernel", "stage"])["bytes"].mean().unstack("stage")
+                .reindex(index=kernels, columns=range(stages)).to_numpy(dtype=float, copy=True))
+    by_stage[~is_collective] = np.nan
+    return share, by_stage, stages
 
 
 def _union_length(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> float:

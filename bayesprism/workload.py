@@ -86,6 +86,10 @@ from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
 
 MICROBATCH_CLASSES = ("gemm", "attention", "elementwise", "norm", "memcpy", "other")
 COMM_ROLES = ("tp", "cp", "ep", "pp", "dp")
+#: Roles whose traced collectives are replayed from their fitted transfer per signature when
+#: the target keeps their group (``bayesprism.model.kernel.FIXED_GROUP_ROLES``); "pp" is
+#: replayed too when a fit has kernel medians for its send/recv.
+REPLAYED_ROLES = ("tp", "cp", "ep", "pp")
 DDP_BUCKET_BYTES = 25 * 2**20
 LEVELS = ("node", "gpu", "step", "gpustep")
 
@@ -370,6 +374,9 @@ class PosteriorArrays:
     classes: np.ndarray
     roles: np.ndarray
     launches: np.ndarray
+    stage_launches: np.ndarray | None  # (kernel, traced stage) launches per step, or None
+    stage_bytes: np.ndarray | None  # (kernel, traced stage) bytes per collective launch
+    tail_share: np.ndarray  # (kernel,) share of launches in the step's tail (optimizer step)
     group_sizes: np.ndarray
     nbytes: np.ndarray
     log_median: dict  # kernel -> (D,)
@@ -474,6 +481,12 @@ def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
         classes=inventory["kernel_class"].to_numpy().astype(str),
         roles=column("role", "unknown").astype(str),
         launches=inventory["launches_per_step"].to_numpy().astype(float),
+        stage_launches=_stage_launches(inventory),
+        stage_bytes=(inventory["stage_bytes"].transpose("kernel", "pp_stage").to_numpy()
+                     if "stage_bytes" in inventory else None),
+        tail_share=(inventory["tail_share"].to_numpy().astype(float) if "tail_share" in inventory
+                    else (inventory["kernel_class"].to_numpy().astype(str) == "optimizer"
+                          ).astype(float)),
         group_sizes=column("group_size", np.nan).astype(float),
         nbytes=column("bytes_per_launch", np.nan).astype(float),
         log_median=log_median,
@@ -482,6 +495,35 @@ def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
         coll_spread=coll_spread,
         idle=_traced_idle_law(group, inventory, modelled, traced["gpus_per_node"]),
     )
+
+
+def _stage_gradients(arrays: PosteriorArrays, rows: list[int]) -> list[tuple[float, float]] | None:
+    """(gradient bytes, buckets) per step of each traced stage from its data-parallel
+    collectives, or None when the inventory has no per-stage launches and bytes."""
+    if arrays.stage_launches is None or arrays.stage_bytes is None:
+        return None
+    out = []
+    for stage in range(arrays.stage_launches.shape[1]):
+        launches = np.array([arrays.stage_launches[k, stage] for k in rows])
+        nbytes = np.array([arrays.stage_bytes[k, stage] for k in rows])
+        ok = np.isfinite(nbytes) & (launches > 0)
+        if not ok.any():
+            return None
+        out.append((float((launches[ok] * nbytes[ok]).sum()), max(1.0, float(launches[ok].sum()))))
+    return out
+
+
+def _stage_launches(inventory: xr.Dataset) -> np.ndarray | None:
+    """Launches per step of each kernel on each traced pipeline stage (mean over the stage's
+    ranks), or None when the inventory does not say which stage each rank ran."""
+    if "rank_pp_stage" not in inventory or "launches" not in inventory:
+        return None
+    stage = inventory["rank_pp_stage"].to_numpy()
+    if (stage < 0).any():
+        return None
+    launches = inventory["launches"].transpose("kernel", "rank").to_numpy()
+    stages = int(stage.max()) + 1
+    return np.stack([launches[:, stage == s].mean(axis=1) for s in range(stages)], axis=1)
 
 
 @dataclass
@@ -494,6 +536,7 @@ class CommTerm:
     noise_mean_log: np.ndarray  # (D,)
     noise_sd_log: np.ndarray  # (D,)
     congestion_sd: np.ndarray  # (D,)
+    stage: int | None = None  # the pipeline stage whose traffic it is ("dp"), None: every stage
 
 
 @dataclass
@@ -502,7 +545,7 @@ class PlanModel:
 
     plan: ParallelPlan
     gpus_per_node: int
-    fwd_us: np.ndarray  # typical compute of one micro-batch forward on one GPU
+    fwd_us: np.ndarray  # (D, pp) typical compute of one micro-batch forward on one GPU per stage
     bwd_us: np.ndarray
     opt_us: np.ndarray  # optimizer per step per GPU
     loading: dict[str, np.ndarray]  # level -> effective loading
@@ -575,6 +618,17 @@ def build_plan_model(
 
     fwd_bwd = np.zeros(draws)
     opt = np.zeros(draws)
+    # per traced stage when the target keeps the traced model-parallel layout: stages differ
+    # (the first runs the embedding, the last the output layer and the loss)
+    stage_launches = arrays.stage_launches
+    by_stage = (stage_launches is not None and stage_launches.shape[1] == pp
+                and (tp, pp, cp) == (tp0, pp0, cp0))
+    fwd_bwd_stage = np.zeros((draws, pp))
+    opt_stage = np.zeros((draws, pp))
+    # fixed-group collectives replayed from their fitted per-signature transfer
+    replayed: set[str] = set()
+    replayed_stage: list[tuple[str, np.ndarray]] = []
+    replayed_p2p: list[np.ndarray] = []
     # work-weighted sums for the effective loadings and the residual moments
     weight_sum = np.zeros(draws)
     loading_sums = {level: np.zeros(draws) for level in LEVELS}
@@ -583,12 +637,23 @@ def build_plan_model(
     fallback: list[tuple[str, np.ndarray]] = []
     skipped: list[str] = []
     fallback_names: list[str] = []
-    # (collective kind, where, group size, bytes per launch, launches per step, tier)
-    comm_specs: list[tuple[str, str, int, float, float, str]] = []
+    # (collective kind, where, group size, bytes per launch, launches per step, tier, stage:
+    # the pipeline stage whose traffic it is, None for every stage)
+    comm_specs: list[tuple[str, str, int, float, float, str, int | None]] = []
 
     for k, (name, cls, role) in enumerate(zip(kernels, classes, roles, strict=True)):
         is_coll = cls in collectives.COLLECTIVE_CLASSES
-        if is_coll and cls in modelled and role in COMM_ROLES:
+        if (is_coll and role in REPLAYED_ROLES and name in median_kernels
+                and getattr(plan, role) == traced[role] and cp == cp0
+                and (role != "pp" or pp == pp0)):
+            typical_us = np.exp(per_draw(median_kernels[name])) * resid_moments(cls)[0]
+            if role == "pp":
+                replayed_p2p.append(typical_us)  # one transfer between neighbouring stages
+            else:
+                replayed_stage.append((cls, launches[k] * m * per_mb_launch_factor * typical_us))
+            replayed.add(role)
+            continue
+        if is_coll and cls in modelled and role in (*COMM_ROLES, "global"):
             continue  # handled with the cost model below
         if name not in median_kernels:
             skipped.append(name)
@@ -603,15 +668,19 @@ def build_plan_model(
             fallback.append((cls, count * typical_us * inflation))
             fallback_names.append(str(name))
             continue
-        if cls == "optimizer":
-            n_step = launches[k]
-            dur = typical_us * tp0 * pp0 / (tp * pp) * shard0 / shard
-            opt = opt + n_step * dur
-        else:
-            n_step = launches[k] * m * per_mb_launch_factor
-            dur = typical_us * duration_factor
-            fwd_bwd = fwd_bwd + launches[k] * typical_us * microbatch_factor
-        work = n_step * dur
+        # the step's tail (optimizer step on the rank's parameter shard) and the micro-batches
+        tail = float(arrays.tail_share[k])
+        tail_dur = typical_us * tp0 * pp0 / (tp * pp) * shard0 / shard
+        tail_n = launches[k] * tail
+        mb_n = launches[k] * (1.0 - tail) * m * per_mb_launch_factor
+        opt = opt + tail_n * tail_dur
+        fwd_bwd = fwd_bwd + launches[k] * (1.0 - tail) * typical_us * microbatch_factor
+        if by_stage:
+            opt_stage += np.outer(tail_dur, stage_launches[k] * tail)
+            fwd_bwd_stage += np.outer(typical_us * microbatch_factor,
+                                      stage_launches[k] * (1.0 - tail))
+        n_step = tail_n + mb_n
+        work = tail_n * tail_dur + mb_n * typical_us * duration_factor
         factor_mean, factor_var = resid_moments(cls)
         weight_sum += work
         for level in LEVELS:
@@ -661,6 +730,8 @@ def build_plan_model(
     stage_roles = (("tp", tp, tp), ("cp", cp, tp * cp), ("ep", plan.ep, tp * cp * plan.ep))
     for role, degree, span in stage_roles:
         rows = role_rows[role]
+        if role in replayed:
+            continue
         if rows and traced[role] == 1:
             # groups of a role the traced plan does not have (an inconsistent inventory): the
             # traced groups are kept as they ran, whatever the target's degree
@@ -669,7 +740,7 @@ def build_plan_model(
                 count = launches[k] * per_mb_launch_factor * m
                 tier = span_tier(int(size))
                 nbytes_k = float(np.nan_to_num(nbytes[k]))
-                comm_specs.append((classes[k], "stage", int(size), nbytes_k, count, tier))
+                comm_specs.append((classes[k], "stage", int(size), nbytes_k, count, tier, None))
             continue
         if degree == 1:
             continue
@@ -677,11 +748,13 @@ def build_plan_model(
             for k in rows:
                 count = launches[k] * per_mb_launch_factor * m
                 size = nbytes[k] * traced["cp"] / cp if np.isfinite(nbytes[k]) else 0.0
-                comm_specs.append((classes[k], "stage", degree, size, count, span_tier(span)))
+                comm_specs.append((classes[k], "stage", degree, size, count, span_tier(span),
+                                   None))
         elif role == "tp" and plan.activation_bytes and plan.layers:
             count = 4.0 * plan.layers / pp * m
             comm_specs.append(
-                ("allreduce", "stage", tp, plan.activation_bytes / cp, count, span_tier(span))
+                ("allreduce", "stage", tp, plan.activation_bytes / cp, count, span_tier(span),
+                 None)
             )
         else:
             warnings.warn(
@@ -691,14 +764,15 @@ def build_plan_model(
                 PlanWarning,
                 stacklevel=3,
             )
-    if pp > 1:
+    if pp > 1 and "pp" not in replayed:
         rows = role_rows["pp"]
         tier = "inter" if tp * cp * plan.dp >= gpn else "intra"
         if rows:
             size = float(np.nanmean([nbytes[k] for k in rows])) * traced["cp"] / cp
-            comm_specs.append(("sendrecv", "p2p", 2, size, 1.0, tier))
+            comm_specs.append(("sendrecv", "p2p", 2, size, 1.0, tier, None))
         elif plan.activation_bytes:
-            comm_specs.append(("sendrecv", "p2p", 2, plan.activation_bytes / cp, 1.0, tier))
+            comm_specs.append(("sendrecv", "p2p", 2, plan.activation_bytes / cp, 1.0, tier,
+                               None))
         else:
             warnings.warn(
                 f"{plan.name}: the traced run has no pipeline send/recv and the plan "
@@ -728,27 +802,51 @@ def build_plan_model(
                 )
         if grad_bytes > 0:
             tier = span_tier(tp * cp * plan.dp)
-            per_bucket = grad_bytes / buckets
             kinds = {
                 "none": ["allreduce"],
                 "zero1": ["reducescatter", "allgather"],
                 "zero2": ["reducescatter", "allgather"],
                 "fsdp": ["reducescatter", "allgather", "allgather"],
             }[plan.sharding]
-            for kind in kinds:
-                comm_specs.append((kind, "dp", dp_group, per_bucket, buckets, tier))
+            per_stage = _stage_gradients(arrays, rows) if by_stage else None
+            if per_stage is None:
+                for kind in kinds:
+                    comm_specs.append((kind, "dp", dp_group, grad_bytes / buckets, buckets,
+                                       tier, None))
+            else:  # each stage's own gradients, after its own last backward
+                for stage, (stage_bytes, stage_buckets) in enumerate(per_stage):
+                    for kind in kinds:
+                        comm_specs.append((kind, "dp", dp_group, stage_bytes / stage_buckets,
+                                           stage_buckets, tier, stage))
+
+    # collectives of the whole job (a global gradient-norm all-reduce): after the pipeline,
+    # over every rank of the target
+    for k in range(len(kernels)):
+        if (roles[k] == "global" and classes[k] in modelled
+                and classes[k] in collectives.COLLECTIVE_CLASSES):
+            comm_specs.append((classes[k], "dp", plan.gpus, float(np.nan_to_num(nbytes[k])),
+                               launches[k], span_tier(plan.gpus), None))
 
     law = arrays.idle
     idle_var = np.zeros((draws, len(law.roles))) if typical else law.var
     comms = [_comm_term(arrays, spec, per_draw, typical, cluster) for spec in comm_specs]
+    zeros = np.zeros(draws)
     for cls, det in fallback:
-        zeros = np.zeros(draws)
         comms.append(CommTerm(cls, "fallback", det, zeros, zeros, zeros))
+    for cls, det in replayed_stage:
+        comms.append(CommTerm(cls, "stage", det, zeros, zeros, zeros))
+    if replayed_p2p:
+        comms.append(CommTerm("sendrecv", "p2p", np.mean(replayed_p2p, axis=0), zeros, zeros,
+                              zeros))
+    if by_stage:
+        fwd_bwd_stage, opt = fwd_bwd_stage, opt_stage.max(axis=1)
+    else:
+        fwd_bwd_stage = np.repeat(fwd_bwd[:, None], pp, axis=1)
     return PlanModel(
         plan=plan,
         gpus_per_node=gpn,
-        fwd_us=fwd_bwd / 3.0,
-        bwd_us=2.0 * fwd_bwd / 3.0,
+        fwd_us=fwd_bwd_stage / 3.0,
+        bwd_us=2.0 * fwd_bwd_stage / 3.0,
         opt_us=opt,
         loading=loading,
         resid_mu=resid_mu,
@@ -770,7 +868,7 @@ def sync_group(plan: ParallelPlan, role: str) -> int:
 
 
 def _comm_term(arrays: PosteriorArrays, spec, per_draw, typical: bool, cluster: Cluster | None):
-    kind, where, size, nbytes, count, tier = spec
+    kind, where, size, nbytes, count, tier, stage = spec
     if not arrays.coll_cost:
         raise InputError(
             Problem(
@@ -811,6 +909,5 @@ def _comm_term(arrays: PosteriorArrays, spec, per_draw, typical: bool, cluster: 
     launches = max(count, 1.0)
     rel_var = np.expm1(noise**2) / launches
     s2 = np.log1p(rel_var)
-    return CommTerm(
-        kind, where, count * one, 0.5 * noise**2 - 0.5 * s2, np.sqrt(s2), scalar("coll_congestion")
-    )
+    return CommTerm(kind, where, count * one, 0.5 * noise**2 - 0.5 * s2, np.sqrt(s2),
+                    scalar("coll_congestion"), stage)

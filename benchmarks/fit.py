@@ -11,12 +11,19 @@ the same model on a subsample.
 
     python benchmarks/fit.py            # 10.24 M launches
     python benchmarks/fit.py --quick    # 64 GPUs × 10 steps × 200 launches (128 k)
+    python benchmarks/fit.py --dev      # the traced 3D job of ../shared/data/simulated
+
+``--dev`` fits the traced TP 8 × PP 4 × DP 2 job (64 Kineto rank files, 835 k launches, with
+its nccl-tests sweep) end to end with ``bayesprism.fit`` (default spec, draws and warm-up) and
+prints ingest and fit seconds, the cells, and the convergence of every variable (the goal:
+converged in <= 60 s on 2 cores).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -73,6 +80,29 @@ def logp_grad_seconds(model, repeats: int = 20) -> float:
     return (time.perf_counter() - start) / repeats
 
 
+DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "simulated" / "megatron-3d-dev"
+
+
+def dev_case(draws: int, tune: int, seed: int) -> int:
+    """Ingest and fit the traced 3D job; print seconds and convergence."""
+    import bayesprism as bp
+    from bayesprism.inference import convergence_summary
+
+    t0 = time.perf_counter()
+    table = bp.read_traces([DEV / "traces", DEV / "nccl_bench.csv"], progress=False)
+    t1 = time.perf_counter()
+    print(f"ingest {t1 - t0:.1f} s: {len(table):,} rows", flush=True)
+    post = bp.fit(table, draws=draws, tune=tune, random_seed=seed, progress=False)
+    t2 = time.perf_counter()
+    conv = convergence_summary(post)
+    print(f"fit {t2 - t1:.1f} s (sampler {post.attrs.get('sampler')}, "
+          f"{post.attrs.get('seconds', float('nan')):.1f} s in fit()), draws {draws}, "
+          f"tune {tune}")
+    print("convergence: " + ", ".join(f"{k} {v}" for k, v in conv.items()
+                                      if not isinstance(v, (dict, list))))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import arviz as az
     import nutpie
@@ -87,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     # data-centred coordinates start the chains near the posterior: 300 warm-up draws suffice
     parser.add_argument("--tune", type=int, default=300)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--dev", action="store_true",
+                        help="fit the traced 3D job of ../shared/data/simulated instead")
     args = parser.parse_args(argv)
+    if args.dev:
+        return dev_case(args.draws, max(args.tune, 1000), args.seed)
     shape = (8, 8, 10, 10, 20) if args.quick else (64, 8, 20, 20, 50)
     table = synthetic_table(*shape)
     print(f"table: {len(table):,} launches ({shape[0]} nodes × {shape[1]} GPUs × {shape[2]} "

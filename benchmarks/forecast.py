@@ -8,11 +8,17 @@ draws with posterior spread on every parameter and Student-t node and GPU popula
 Each target plan (tp 8, pp 16, 1F1B, 32 micro-batches, dp growing) is forecast with 1,000
 draws; the script prints seconds per plan, peak traced memory and the ratio 65,536 / 512.
 
-Run: ``.venv/bin/python benchmarks/forecast.py``
+``--dev POSTERIOR``: the traced 3D job of ../shared/data/simulated instead (a posterior of it,
+e.g. from ``bayesprism fit <traces> <nccl_bench.csv> -o post.nc``): five plans of the same job
+at 64 to 16,384 GPUs (dp 2 to 512), 1,000 draws, seconds for the five together (the goal:
+<= 10 s on 2 cores).
+
+Run: ``.venv/bin/python benchmarks/forecast.py [--dev POSTERIOR]``
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import resource
 import time
@@ -126,7 +132,39 @@ def gpt_like_posterior(chains: int = 2, draws: int = 500, seed: int = 1) -> xr.D
                                   "inventory": inventory})
 
 
+def dev_case(path: str) -> None:
+    """Five data-parallel scales of the traced job, forecast together."""
+    from bayesprism.io import load
+
+    posterior = load(path)
+    traced = json.loads(posterior["inventory"].attrs["traced_plan"])
+    layout = {k: traced[k] for k in ("tp", "pp", "cp", "microbatches", "gpus_per_node",
+                                     "sharding", "schedule") if traced.get(k) is not None}
+    plans = [ParallelPlan(name=f"{gpus} GPUs", dp=gpus // (traced["tp"] * traced["pp"]),
+                          **layout) for gpus in (64, 256, 1024, 4096, 16384)]
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)
+        fc = forecast(posterior, plans, draws=1000, replicates=8, progress=False)
+    seconds = time.perf_counter() - start
+    ds = fc.to_dataset()
+    for i, plan in enumerate(plans):
+        step = ds["step_time_s"].isel(plan=i).values
+        print(f"{plan.name:>11} ({ds['path'].isel(plan=i).item()} path): step p50 "
+              f"{np.median(step):.4f} s, p95 {np.quantile(step, 0.95):.4f} s, ideal "
+              f"{float(ds['ideal_step_time_s'].isel(plan=i)):.4f} s")
+    print(f"five plans, 1,000 draws x 8 replicates: {seconds:.2f} s; process peak RSS "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dev", metavar="POSTERIOR", default=None,
+                        help="forecast the traced 3D job from this posterior instead")
+    args = parser.parse_args()
+    if args.dev:
+        dev_case(args.dev)
+        return
     posterior = gpt_like_posterior()
     seconds = {}
     for gpus in (512, 8192, 65536):

@@ -68,9 +68,11 @@ def build_plans(args: argparse.Namespace, posterior=None) -> tuple[list, object]
     if problems:
         raise PlanError(problems)
     if not args.plan:
-        values = dict(flags)
-        if not flags and posterior is not None:
-            values = _traced_plan_values(posterior)
+        # flags change the traced layout (e.g. --dp 32: the same job on more replicas)
+        values = _traced_plan_values(posterior) if posterior is not None else {}
+        if flags:
+            values.pop("name", None)
+        values.update(flags)
         plans.append(ParallelPlan.from_dict(values, source="command line"))
     if args.cluster is not None:
         cluster = Cluster.from_toml(args.cluster)

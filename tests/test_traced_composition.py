@@ -1,0 +1,96 @@
+"""Composition of a traced multi-stage job on hand-computable cases: per-stage work read from
+the traced stages, fixed-group collectives replayed from their fitted transfers, and collectives
+of the whole job costed over every rank of the target."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from posterior_builders import kernel_posterior, quiet_compose, tiny_kernel_table
+
+from bayesprism import collectives
+from bayesprism.inventory import traced_plan
+from bayesprism.plan import ParallelPlan
+
+
+def _staged(post, stage_of_rank, launches_by_rank):
+    """The posterior with per-rank launches and each rank's traced pipeline stage."""
+    inv = post["inventory"].to_dataset()
+    ranks = np.arange(len(stage_of_rank))
+    inv = inv.assign_coords(rank=ranks)
+    inv["launches"] = (("kernel", "rank"), np.asarray(launches_by_rank, dtype=float))
+    inv["rank_pp_stage"] = ("rank", np.asarray(stage_of_rank))
+    post["inventory"] = inv
+    return post
+
+
+def _step_us(post, plan, **options) -> float:
+    draws = quiet_compose(post, plan, replicates=2, rng=np.random.default_rng(0), **options)
+    values = draws.step_time_s * 1e6
+    assert np.allclose(values, values.flat[0])
+    return float(values.flat[0])
+
+
+def test_each_stage_runs_its_own_traced_work():
+    # stage 0 runs "a" (300 µs a micro-batch), stage 1 runs "b" (600 µs): forward 1/3,
+    # backward 2/3 of it. GPipe, 2 micro-batches, no transfers:
+    #   s0 F [0,100] [100,200]; s1 F [100,300] [300,500]; s1 B [500,900] [900,1300];
+    #   s0 B [900,1100] [1300,1500]  -> 1500 µs
+    # (with the stages' mean work, 450 µs each, it would be 1350 µs)
+    kernels = {"a": {"class": "gemm", "launches": 1.0, "log_median": np.log(300.0)},
+               "b": {"class": "gemm", "launches": 1.0, "log_median": np.log(600.0)}}
+    plan = {"pp": 2, "microbatches": 2}
+    post = kernel_posterior(kernels, traced_plan=plan, gpus_per_node=2, traced_ranks=2)
+    post = _staged(post, [0, 1], [[2.0, 0.0], [0.0, 2.0]])
+    target = ParallelPlan(pp=2, microbatches=2, schedule="gpipe", gpus_per_node=2)
+    assert _step_us(post, target) == pytest.approx(1500.0)
+    # without stages in the inventory the stages share the mean work
+    flat = kernel_posterior(kernels, traced_plan=plan, gpus_per_node=2, traced_ranks=2)
+    assert _step_us(flat, target) == pytest.approx(1350.0)
+
+
+def _tp_job(**cost):
+    kernels = {"g": {"class": "gemm", "launches": 4.0, "log_median": np.log(100.0)},
+               "ag [tp]": {"class": "allgather", "role": "tp", "launches": 4.0,
+                           "log_median": np.log(50.0), "bytes": 1e6, "group": 2.0}}
+    return kernel_posterior(kernels, traced_plan={"tp": 2, "microbatches": 2},
+                            gpus_per_node=8, **cost)
+
+
+def test_tensor_parallel_collectives_replay_their_fitted_transfer():
+    # 4 GEMMs of 100 µs and 4 all-gathers whose fitted transfer is 50 µs: 600 µs, whatever
+    # the cost model says (it is absurdly slow here)
+    slow_model = {"latency_us": {"intra": 1e4, "inter": 1e4}}
+    plan = ParallelPlan(tp=2, microbatches=2, gpus_per_node=8)
+    assert _step_us(_tp_job(**slow_model), plan) == pytest.approx(600.0)
+    assert _step_us(_tp_job(), plan) == pytest.approx(600.0)
+
+
+def test_a_new_tensor_parallel_degree_uses_the_cost_model():
+    # tp 4: the group was never measured; GEMM work halves (400 -> 200 µs) and the 4
+    # all-gathers cost latency * 3 steps + bytes * 3/4 / bandwidth at the intra-node tier
+    plan = ParallelPlan(tp=4, microbatches=2, gpus_per_node=8)
+    per_launch = collectives.transfer_time_us("allgather", 4, 1e6, 5.0, 100.0)
+    assert _step_us(_tp_job(), plan) == pytest.approx(200.0 + 4 * per_launch)
+
+
+def test_a_global_collective_spans_every_rank_of_the_target():
+    # a gradient-norm all-reduce over the whole job: its ring cost grows with the world size
+    kernels = {"g": {"class": "gemm", "launches": 1.0, "log_median": np.log(1000.0)},
+               "norm [global]": {"class": "allreduce", "role": "global", "launches": 1.0,
+                                 "log_median": np.log(10.0), "bytes": 4.0, "group": 8.0}}
+    post = kernel_posterior(kernels, traced_plan={"dp": 8}, gpus_per_node=8)
+    steps = {dp: _step_us(post, ParallelPlan(dp=dp, gpus_per_node=8)) for dp in (8, 64)}
+    expected = {dp: 1000.0 + collectives.transfer_time_us("allreduce", dp, 4.0, 5.0 if dp == 8
+                                                          else 10.0, 100.0 if dp == 8 else 25.0)
+                for dp in (8, 64)}
+    assert steps == pytest.approx(expected)
+
+
+def test_traced_sharding_and_schedule_come_with_the_traced_plan():
+    table = tiny_kernel_table()
+    (run,) = table["run"].astype(str).unique()
+    table.attrs["runs"] = {run: {"world_size": 4, "plan": {"dp": 4, "sharding": "zero1",
+                                                           "schedule": "gpipe"}}}
+    plan = traced_plan(table)
+    assert (plan["sharding"], plan["schedule"]) == ("zero1", "gpipe")
