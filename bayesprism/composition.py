@@ -315,11 +315,14 @@ def _persistent(model: PlanModel, posterior, measured, streams, start: int, stop
 
 
 def _transient(model: PlanModel, rng, rows, shape) -> np.ndarray:
-    """lgs*z + rho of rank-steps, ``shape`` = (draws of ``rows``, ...): GPU x step effects and
-    launch residuals."""
+    """lgs*z + rho of rank-steps, ``shape`` = (draws of ``rows``, ...): GPU x step effects
+    (with episodes under a ``degraded`` GPU×step population) and launch residuals."""
     ix = (rows,) + (None,) * (len(shape) - 1)
     z = rng.standard_normal(shape)
     rho = rng.standard_normal(shape)
+    if model.gpustep_slow is not None:  # episodes: a share of GPU-steps shifted and wider
+        weight, shift, sd = (values[ix] for values in model.gpustep_slow)
+        z = np.where(rng.random(shape) < weight, shift + sd * z, z)
     return model.loading["gpustep"][ix] * z + model.resid_mu[ix] + model.resid_sd[ix] * rho
 
 

@@ -24,6 +24,9 @@ LIKELIHOODS: tuple[str, ...] = ("lognormal", "student_t", "mixture")
 ROW_LIKELIHOODS: tuple[str, ...] = ("student_t", "mixture")
 #: Population families of standardised unit effects (see ``bayesprism.population``).
 POPULATIONS: tuple[str, ...] = ("normal", "student_t", "mixture", "degraded")
+#: Families of GPU×step (transient) effects: ``degraded`` adds episodes, GPU-steps slowed by a
+#: shift and spread of their own (thermal or power throttling), marginalised in closed form.
+GPUSTEP_POPULATIONS: tuple[str, ...] = ("normal", "degraded")
 #: Variance-component levels of the kernel model.
 LEVELS: tuple[str, ...] = ("node", "gpu", "step", "gpustep", "cabinet")
 PARAMETERISATIONS: tuple[str, ...] = ("auto", "centred", "noncentred")
@@ -41,6 +44,7 @@ DEFAULT_PRIORS: dict[str, float] = {
     # degraded population: degraded units on the reference class's log scale (not in core sds)
     "degraded_shift": 0.1,  # half-normal scale of their log shift (0.1: ~10 % slow)
     "degraded_spread": 0.05,  # half-normal scale of their extra log sd (degraded units differ)
+    "episode_weight_beta": 49.0,  # Beta(1, b) prior on the share of GPU-steps in an episode
     # mixture residual: ε ~ (1 − w)·N(0, σ) + w·N(δ, √(σ² + τ²)), per class (log scale)
     "resid_slow_weight_beta": 19.0,  # Beta(1, b) prior on w, the share of slow launches (5 %)
     "resid_slow_shift": 0.5,  # half-normal scale of δ ≥ 0, the slow launches' log shift
@@ -86,6 +90,10 @@ class ModelSpec:
         ``"degraded"`` (a tight core of healthy units and a share of degraded ones with a shift
         and a spread of their own on the log scale, however many core sds out they sit: per-GPU
         benchmark tables of a near-identical fleet). See ``bayesprism.model.effects``.
+    gpustep_population
+        Family of the transient GPU×step effects: ``"normal"``, or ``"degraded"`` (episodes:
+        a share of GPU-steps slowed by a log shift and spread of their own, as throttling
+        does; the lognormal cell likelihood integrates both components out in closed form).
     levels
         Variance components to fit, a subset of :data:`LEVELS`.
     parameterisation
@@ -112,6 +120,7 @@ class ModelSpec:
     likelihood: str = "lognormal"
     node_population: str = "student_t"
     gpu_population: str = "student_t"
+    gpustep_population: str = "normal"
     levels: tuple[str, ...] = ("node", "gpu", "step", "gpustep")
     parameterisation: str = "auto"
     collective_model: str = "ring"
@@ -138,6 +147,11 @@ class ModelSpec:
         closed("likelihood", self.likelihood, LIKELIHOODS)
         closed("node_population", self.node_population, POPULATIONS)
         closed("gpu_population", self.gpu_population, POPULATIONS)
+        closed("gpustep_population", self.gpustep_population, GPUSTEP_POPULATIONS)
+        if self.gpustep_population != "normal" and self.likelihood != "lognormal":
+            problems.append(Problem("model spec", "gpustep_population",
+                                    "episodes need the lognormal cell likelihood",
+                                    example=self.gpustep_population))
         closed("parameterisation", self.parameterisation, PARAMETERISATIONS)
         closed("collective_model", self.collective_model, COLLECTIVE_MODELS)
         levels = self.levels
@@ -221,8 +235,9 @@ class ModelSpec:
         return self.likelihood in ROW_LIKELIHOODS
 
     def population(self, level: str) -> str:
-        """Population family of a level (levels other than node/GPU are normal)."""
-        return {"node": self.node_population, "gpu": self.gpu_population}.get(level, "normal")
+        """Population family of a level (node, GPU, GPU×step; other levels are normal)."""
+        return {"node": self.node_population, "gpu": self.gpu_population,
+                "gpustep": self.gpustep_population}.get(level, "normal")
 
     # -- (de)serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -353,7 +368,8 @@ def _known_names() -> set[str]:
 
 
 BUILTIN_SPECS: dict[str, ModelSpec] = {
-    "default": ModelSpec(),
+    # GPU×step episodes (throttling) are what the largest jobs meet most often
+    "default": ModelSpec(gpustep_population="degraded"),
     "robust": ModelSpec(
         name="robust",
         likelihood="mixture",

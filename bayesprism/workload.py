@@ -391,6 +391,8 @@ class PosteriorArrays:
     # (S,) the share of fitted GPU-steps in each (:func:`fitted_step_weights`)
     step_noise: np.ndarray | None = None
     step_weights: np.ndarray | None = None
+    # (weight, shift, sd) of GPU×step episodes in core sds, each (D,), or None (normal)
+    gpustep_slow: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 #: Extracted arrays per live posterior, keyed by ``id`` (the entry is dropped when the posterior
@@ -474,6 +476,9 @@ def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
         resid_slow=_resid_slow(group),
         step_noise=flat_draws(group["step_noise"]) if "step_noise" in group else None,
         step_weights=fitted_step_weights(posterior),
+        gpustep_slow=(tuple(flat_draws(group[f"gpustep_slow_{name}"])
+                            for name in ("weight", "shift", "sd"))
+                      if "gpustep_slow_weight" in group else None),
         draws=int(group.sizes["chain"] * group.sizes["draw"]),
         traced=traced,
         modelled=frozenset(modelled),
@@ -557,6 +562,8 @@ class PlanModel:
     idle_mean: np.ndarray | None = None
     idle_var: np.ndarray | None = None
     idle_group: np.ndarray | None = None
+    # GPU×step episodes (weight, shift, sd in core sds), each (D,); None: normal transients
+    gpustep_slow: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def draws(self) -> int:
@@ -855,6 +862,7 @@ def build_plan_model(
         idle_mean=per_draw(law.mean),
         idle_var=idle_var,
         idle_group=np.array([sync_group(plan, role) for role in law.roles], dtype=np.int64),
+        gpustep_slow=None if typical else arrays.gpustep_slow,
     )
 
 

@@ -50,17 +50,23 @@ SLOWEST_K = (4, 8, 16, 64)
 DEFAULT_VARIANTS = {"benchmark": ("student_t", "lognormal"), "default": ("mixture",)}
 
 
-def goal_misses(row: pd.Series, baselines: pd.DataFrame) -> str:
-    """The goals a bayesprism row misses, as a short text ('' when it meets all)."""
+def shared_misses(row: pd.Series, p50_goal: float, p95_goal: float) -> list[str]:
+    """The common goals a bayesprism row misses: median and p95 errors, KS, 90 % coverage."""
     misses = []
-    if abs(row["p50_error"]) > 0.03:
+    if abs(row["p50_error"]) > p50_goal:
         misses.append("p50")
-    if abs(row["p95_error"]) > 0.05:
+    if abs(row["p95_error"]) > p95_goal:
         misses.append("p95")
     if row["ks"] > 0.10:
         misses.append("ks")
     if not 0.85 <= row["coverage_90"] <= 0.95:
         misses.append("cov90")
+    return misses
+
+
+def goal_misses(row: pd.Series, baselines: pd.DataFrame) -> str:
+    """The goals a bayesprism row misses, as a short text ('ok' when it meets all)."""
+    misses = shared_misses(row, 0.03, 0.05)
     if len(baselines) and row["crps"] >= baselines["crps"].min():
         misses.append("crps>=baseline")
     return ",".join(misses) if misses else "ok"
@@ -360,15 +366,7 @@ def _write_json(path: Path | None, scores: list, slowest: list, refsim: list) ->
 
 def refsim_misses(row: pd.Series) -> str:
     """The goals of the traced-job case a row misses ('ok' when it meets all)."""
-    misses = []
-    if abs(row["p50_error"]) > 0.02:
-        misses.append("p50")
-    if abs(row["p95_error"]) > 0.04:
-        misses.append("p95")
-    if row["ks"] > 0.10:
-        misses.append("ks")
-    if not 0.85 <= row["coverage_90"] <= 0.95:
-        misses.append("cov90")
+    misses = shared_misses(row, 0.02, 0.04)
     if abs(row["p_exceed_1.05"] - row["p_exceed_1.05_truth"]) > 0.05:
         misses.append("exceed")
     return ",".join(misses) if misses else "ok"

@@ -79,9 +79,43 @@ def _usage(df: pd.DataFrame) -> dict[str, GroupUsage]:
 
 def _chunks(df: pd.DataFrame, is_op: np.ndarray) -> np.ndarray:
     """Chunk index of every row in its step: point-to-point ops seen before it (the op itself
-    closes the chunk before it)."""
-    ops_before = pd.Series(is_op.astype(np.int64)).groupby(df["step"].to_numpy()).cumsum()
-    return (ops_before.to_numpy() - is_op).astype(np.int64)
+    closes the chunk before it). Rows are in step order."""
+    step = df["step"].to_numpy()
+    total = np.cumsum(is_op.astype(np.int64))
+    first = np.r_[True, step[1:] != step[:-1]]
+    before_step = (total - is_op)[np.maximum.accumulate(np.where(first, np.arange(len(step)), 0))]
+    return (total - is_op - before_step).astype(np.int64)
+
+
+def _combined(*codes: np.ndarray) -> np.ndarray:
+    """One int64 key per row from non-negative integer columns (mixed radix)."""
+    key = np.zeros(len(codes[0]), dtype=np.int64)
+    for column in codes:
+        key = key * (int(column.max(initial=0)) + 1) + column
+    return key
+
+
+def _split(key: np.ndarray, *codes: np.ndarray) -> list[tuple[int, ...]]:
+    """The columns of :func:`_combined` keys back (``codes``: the columns it was made of)."""
+    radices = [int(c.max(initial=0)) + 1 for c in codes]
+    parts = []
+    rest = key.copy()
+    for radix in reversed(radices):
+        parts.append(rest % radix)
+        rest = rest // radix
+    return list(zip(*(p.tolist() for p in reversed(parts)), strict=True))
+
+
+def _ordinals(key: np.ndarray) -> np.ndarray:
+    """Each row's rank among the earlier rows with the same key (a cumulative count)."""
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    index = np.arange(len(key))
+    start = np.r_[True, sorted_key[1:] != sorted_key[:-1]] if len(key) else np.zeros(0, bool)
+    rank = index - np.maximum.accumulate(np.where(start, index, 0))
+    out = np.empty_like(rank)
+    out[order] = rank
+    return out
 
 
 def _chunk_kinds(step: np.ndarray, chunk: np.ndarray, kernel_code: np.ndarray) -> np.ndarray:
@@ -113,15 +147,14 @@ def launch_config(grid: list, block: list) -> np.ndarray:
             return "x".join(str(v) for v in value)
         return "" if value is None else str(value)
 
-    seen: dict[tuple, str] = {}
-    out = np.empty(len(grid), dtype=object)
-    for i, (g, b) in enumerate(zip(grid, block, strict=True)):
-        key = (tuple(g) if isinstance(g, list) else g, tuple(b) if isinstance(b, list) else b)
-        label = seen.get(key)
-        if label is None:
-            label = seen[key] = ("" if g is None and b is None else f"{text(g)}/{text(b)}")
-        out[i] = label
-    return out
+    # hash the values once per row, format the few distinct ones
+    keys = pd.Series([(tuple(g) if g.__class__ is list else g,
+                       tuple(b) if b.__class__ is list else b)
+                      for g, b in zip(grid, block, strict=True)], dtype=object)
+    codes, uniques = pd.factorize(keys)
+    labels = np.array(["" if g is None and b is None else f"{text(g)}/{text(b)}"
+                       for g, b in uniques], dtype=object)
+    return labels[codes]
 
 
 def annotate_rank(df: pd.DataFrame, *, groups: dict[str, Group], rank: int,
@@ -194,12 +227,13 @@ def annotate_rank(df: pd.DataFrame, *, groups: dict[str, Group], rank: int,
     phase_code = _codes(df["phase"])[0] + 1 if "phase" in df else np.zeros(n, dtype=np.int64)
     kind = _chunk_kinds(step, chunk, kernel_code * 16 + phase_code % 16)
     stage = coords.get("pp_stage", 0)
-    key_frame = pd.DataFrame({"k": kernel_code, "l": pd.factorize(launch)[0], "c": kind})
-    ordinal = key_frame.assign(s=step, ch=chunk).groupby(["s", "ch", "k", "l"], sort=False
-                                                        ).cumcount().to_numpy()
-    key_codes, key_uniques = pd.factorize(pd.MultiIndex.from_arrays(
-        [kernel_code, key_frame["l"].to_numpy(), kind, ordinal]))
-    launch_of = pd.Series(launch).groupby(key_frame["l"].to_numpy()).first()
+    launch_code, launch_names = pd.factorize(launch)
+    step_code = pd.factorize(step)[0]
+    ordinal = _ordinals(_combined(step_code, chunk, kernel_code, launch_code))
+    key = _combined(kernel_code, launch_code, kind, ordinal)
+    key_values, key_codes = np.unique(key, return_inverse=True)
+    key_uniques = _split(key_values, kernel_code, launch_code, kind, ordinal)
+    launch_of = np.asarray(launch_names, dtype=object)
     labels = [KEY_SEP.join((kernel_names[k], launch_of[lc], str(stage), str(c), str(o)))
               for k, lc, c, o in key_uniques]
     # Collectives: the kernel name and the role, since one NCCL kernel serves several groups

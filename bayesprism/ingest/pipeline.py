@@ -108,30 +108,32 @@ def schedule_ops(schedule: str, stage: int, stages: int, microbatches: int) -> S
     def bwd_out(i: int) -> Message:
         return (stage - 1, "B", i)
 
+    def forward(i: int) -> None:  # receive the activations, compute, send them on
+        if not first:
+            out.op("recv", fwd_in(i))
+        out.work(("F", i))
+        if not last:
+            out.op("send", fwd_out(i))
+
+    def backward(i: int) -> None:  # receive the gradients, compute, send them back
+        if not last:
+            out.op("recv", bwd_in(i))
+        out.work(("B", i))
+        if not first:
+            out.op("send", bwd_out(i))
+
     if schedule == "gpipe":
         for i in range(microbatches):
-            if not first:
-                out.op("recv", fwd_in(i))
-            out.work(("F", i))
-            if not last:
-                out.op("send", fwd_out(i))
+            forward(i)
         for i in range(microbatches):
-            if not last:
-                out.op("recv", bwd_in(i))
-            out.work(("B", i))
-            if not first:
-                out.op("send", bwd_out(i))
+            backward(i)
         return out
     if schedule != "1f1b":
         raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULE_CANDIDATES}")
     warmup = min(stages - stage - 1, microbatches)
     steady = microbatches - warmup
     for i in range(warmup):
-        if not first:
-            out.op("recv", fwd_in(i))
-        out.work(("F", i))
-        if not last:
-            out.op("send", fwd_out(i))
+        forward(i)
     if steady > 0 and not first:
         out.op("recv", fwd_in(warmup))
     for i in range(steady):
@@ -145,11 +147,7 @@ def schedule_ops(schedule: str, stage: int, stages: int, microbatches: int) -> S
             else:
                 out.op("coalesced", bwd_out(i), fwd_in(warmup + i + 1))
     for i in range(steady, microbatches):
-        if not last:
-            out.op("recv", bwd_in(i))
-        out.work(("B", i))
-        if not first:
-            out.op("send", bwd_out(i))
+        backward(i)
     return out
 
 

@@ -10,6 +10,20 @@ import numpy as np
 import pandas as pd
 
 
+def _codes(values: pd.Series) -> tuple[np.ndarray, list]:
+    """Non-negative integer codes and the labels they index (categorical or not; missing
+    values get a label of their own)."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        codes = values.cat.codes.to_numpy().astype(np.int64)
+        labels = [str(c) for c in values.cat.categories]
+        if (codes < 0).any():
+            codes = np.where(codes < 0, len(labels), codes)
+            labels.append("nan")
+        return codes, labels
+    codes, uniques = pd.factorize(values, use_na_sentinel=False)
+    return codes.astype(np.int64), [u.item() if hasattr(u, "item") else u for u in uniques]
+
+
 class SummaryAccumulator:
     """Incremental summary of trace-table chunks (memory grows with distinct keys only)."""
 
@@ -29,21 +43,27 @@ class SummaryAccumulator:
         if len(df) == 0:
             return
         self.rows += len(df)
-        run = df["run"].astype(str)
-        for pairs, target in (((run, df["rank"]), self._ranks), ((run, df["node"].astype(str)),
-                              self._nodes), ((run, df["step"]), self._steps)):
-            unique = pd.DataFrame({"a": pairs[0].to_numpy(), "b": pairs[1].to_numpy()})
-            target.update(map(tuple, unique.drop_duplicates().itertuples(index=False)))
-        stats = df.groupby(df["kernel_class"].astype(str), observed=True)["duration_us"].agg(
-            ["count", "sum"])
-        for cls, (count, total) in stats.iterrows():
-            acc = self._classes.setdefault(str(cls), [0, 0.0])
-            acc[0] += int(count)
-            acc[1] += float(total)
+        # distinct (run, x) pairs from integer codes: no per-row strings
+        run_codes, run_labels = _codes(df["run"])
+        for column, target in (("rank", self._ranks), ("node", self._nodes),
+                               ("step", self._steps)):
+            codes, labels = _codes(df[column])
+            pairs = np.unique(run_codes * (len(labels) + 1) + codes)
+            target.update((run_labels[p // (len(labels) + 1)], labels[p % (len(labels) + 1)])
+                          for p in pairs)
+        class_codes, class_labels = _codes(df["kernel_class"])
+        duration = df["duration_us"].to_numpy(dtype=np.float64)
+        count = np.bincount(class_codes, minlength=len(class_labels))
+        total = np.bincount(class_codes, weights=duration, minlength=len(class_labels))
+        for i in np.flatnonzero(count):
+            acc = self._classes.setdefault(str(class_labels[i]), [0, 0.0])
+            acc[0] += int(count[i])
+            acc[1] += float(total[i])
         if "transfer_us" in df:
             from bayesprism.schema import COLLECTIVE_CLASSES
 
-            coll = df["kernel_class"].astype(str).isin(COLLECTIVE_CLASSES).to_numpy()
+            is_coll = np.isin(np.asarray(class_labels, dtype=object), COLLECTIVE_CLASSES)
+            coll = is_coll[class_codes]
             self._collective_rows += int(coll.sum())
             self._split_rows += int((coll & df["transfer_us"].notna().to_numpy()).sum())
         if "role" in df and df["role"].notna().any():

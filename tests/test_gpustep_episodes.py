@@ -1,0 +1,53 @@
+"""GPU×step episodes (``gpustep_population = "degraded"``): the closed-form marginal of the
+cell likelihood, and the episodes' share in composed transients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from posterior_builders import gemm_only
+from scipy import integrate, stats
+
+from bayesprism.spec import ModelSpec, SpecError
+
+
+def _marginal(a: float, b: float, weight: float, shift: float, sd: float) -> float:
+    """The model's log marginal of one GPU-step (bayesprism.model.kernel)."""
+    from bayesprism.model.kernel import episode_log_marginal
+
+    core = -0.5 * np.log1p(b) + a**2 / (2.0 * (1.0 + b))
+    return float(episode_log_marginal(core, a, b, weight, shift, sd))
+
+
+@pytest.mark.parametrize(("a", "b"), [(0.0, 0.0), (3.0, 0.5), (-2.0, 4.0), (40.0, 9.0)])
+def test_episode_marginal_matches_quadrature(a, b):
+    weight, shift, sd = 0.05, 6.0, 1.5
+
+    def integrand(z):
+        density = ((1 - weight) * stats.norm.pdf(z) + weight * stats.norm.pdf(z, shift, sd))
+        return density * np.exp(a * z - 0.5 * b * z**2)
+
+    value, _ = integrate.quad(integrand, -40, 60, points=[0.0, shift], limit=200)
+    assert _marginal(a, b, weight, shift, sd) == pytest.approx(np.log(value), rel=1e-6, abs=1e-9)
+
+
+def test_episodes_need_the_cell_likelihood():
+    with pytest.raises(SpecError, match="gpustep_population"):
+        ModelSpec(gpustep_population="degraded", likelihood="mixture")
+
+
+def test_composed_transients_hold_the_episodes():
+    from bayesprism.composition import _transient
+    from bayesprism.plan import ParallelPlan
+    from bayesprism.workload import build_plan_model
+
+    post = gemm_only(scales={"gpustep": {"gemm": 0.01}}, population_params={
+        "gpustep_slow_weight": 0.03, "gpustep_slow_shift": 10.0, "gpustep_slow_sd": 1.0})
+    model = build_plan_model(post, ParallelPlan(dp=8, gpus_per_node=8))
+    t = _transient(model, np.random.default_rng(0), slice(None), (model.draws, 20_000))
+    slowed = (t > 0.05).mean()  # an episode shifts by 10 core sds = 10 %
+    assert slowed == pytest.approx(0.03, abs=0.005)
+    plain = build_plan_model(gemm_only(scales={"gpustep": {"gemm": 0.01}}),
+                             ParallelPlan(dp=8, gpus_per_node=8))
+    assert (_transient(plain, np.random.default_rng(0), slice(None),
+                       (plain.draws, 20_000)) > 0.05).mean() < 1e-3
