@@ -21,7 +21,9 @@ from bayesprism.schema import COLLECTIVE_CLASSES
 
 __all__ = [
     "COLLECTIVE_CLASSES",
+    "LOG_ALGORITHMS",
     "TIERS",
+    "algorithm_of",
     "bandwidth_factor",
     "latency_steps",
     "launch_work_us",
@@ -31,9 +33,32 @@ __all__ = [
 TIERS: tuple[str, ...] = ("intra", "inter")
 
 
-def latency_steps(kind: str, group_size):
-    """Number of sequential latency-bound steps of a ring collective."""
+#: Algorithms whose latency grows with log2 of the group (NCCL's tree: a reduce up and a
+#: broadcast down a binary tree), named in NCCL kernel names (``..._TREE_LL``).
+LOG_ALGORITHMS: tuple[str, ...] = ("tree", "collnet", "nvls_tree")
+
+
+def algorithm_of(kernel_name: str) -> str:
+    """``"tree"``, ``"collnet"``, ``"nvls_tree"`` or ``"ring"`` from an NCCL kernel name.
+
+    Examples
+    --------
+    >>> algorithm_of("ncclDevKernel_AllReduce_Sum_f32_TREE_LL"), algorithm_of("ncclKernel_x")
+    ('tree', 'ring')
+    """
+    upper = str(kernel_name).upper()
+    for name in ("NVLS_TREE", "COLLNET", "TREE"):
+        if f"_{name}" in upper:
+            return name.lower()
+    return "ring"
+
+
+def latency_steps(kind: str, group_size, algorithm: str = "ring"):
+    """Number of sequential latency-bound steps of a collective: ring by default; an all-reduce
+    of a tree algorithm (:data:`LOG_ALGORITHMS`) takes 2·log2(p) steps."""
     p = np.asarray(group_size, dtype=float)
+    if kind == "allreduce" and algorithm in LOG_ALGORITHMS:
+        return 2.0 * np.ceil(np.log2(np.maximum(p, 2.0)))
     if kind == "allreduce":
         return 2.0 * (p - 1.0)
     if kind in ("allgather", "reducescatter", "alltoall", "broadcast"):
@@ -62,9 +87,12 @@ def tier_of(group_size, gpus_per_node: int, nodes_spanned=None):
     return (np.asarray(group_size) > gpus_per_node).astype(int)
 
 
-def transfer_time_us(kind: str, group_size, nbytes, latency_us, bandwidth_gbps):
-    """Deterministic transfer time (µs) of a ring collective; broadcasts over arrays."""
-    return latency_us * latency_steps(kind, group_size) + np.asarray(nbytes, dtype=float) * (
+def transfer_time_us(kind: str, group_size, nbytes, latency_us, bandwidth_gbps,
+                     algorithm: str = "ring"):
+    """Deterministic transfer time (µs) of a collective (ring unless ``algorithm`` says);
+    broadcasts over arrays."""
+    return latency_us * latency_steps(kind, group_size, algorithm) + np.asarray(
+        nbytes, dtype=float) * (
         bandwidth_factor(kind, group_size)
     ) / (np.asarray(bandwidth_gbps, dtype=float) * 1e3)
 

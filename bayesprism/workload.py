@@ -645,7 +645,7 @@ def build_plan_model(
     skipped: list[str] = []
     fallback_names: list[str] = []
     # (collective kind, where, group size, bytes per launch, launches per step, tier, stage:
-    # the pipeline stage whose traffic it is, None for every stage)
+    # the pipeline stage whose traffic it is, None for every stage[, algorithm: ring if absent])
     comm_specs: list[tuple[str, str, int, float, float, str, int | None]] = []
 
     for k, (name, cls, role) in enumerate(zip(kernels, classes, roles, strict=True)):
@@ -831,8 +831,11 @@ def build_plan_model(
     for k in range(len(kernels)):
         if (roles[k] == "global" and classes[k] in modelled
                 and classes[k] in collectives.COLLECTIVE_CLASSES):
+            # a tiny all-reduce (a gradient norm) runs NCCL's tree when the trace says so:
+            # log2 latency steps, not the ring's 2(p - 1), which at 10^4 ranks is seconds
             comm_specs.append((classes[k], "dp", plan.gpus, float(np.nan_to_num(nbytes[k])),
-                               launches[k], span_tier(plan.gpus), None))
+                               launches[k], span_tier(plan.gpus), None,
+                               collectives.algorithm_of(kernels[k])))
 
     law = arrays.idle
     idle_var = np.zeros((draws, len(law.roles))) if typical else law.var
@@ -876,7 +879,7 @@ def sync_group(plan: ParallelPlan, role: str) -> int:
 
 
 def _comm_term(arrays: PosteriorArrays, spec, per_draw, typical: bool, cluster: Cluster | None):
-    kind, where, size, nbytes, count, tier, stage = spec
+    kind, where, size, nbytes, count, tier, stage, *algorithm = spec
     if not arrays.coll_cost:
         raise InputError(
             Problem(
@@ -904,7 +907,8 @@ def _comm_term(arrays: PosteriorArrays, spec, per_draw, typical: bool, cluster: 
             latency = np.full_like(latency, float(override["latency_us"]))
         if "bandwidth_gbps" in override:
             bandwidth = np.full_like(bandwidth, float(override["bandwidth_gbps"]))
-    one = collectives.transfer_time_us(kind, size, nbytes, latency, bandwidth)
+    one = collectives.transfer_time_us(kind, size, nbytes, latency, bandwidth,
+                                       algorithm[0] if algorithm else "ring")
     draws = one.shape[0]
 
     def scalar(name: str) -> np.ndarray:

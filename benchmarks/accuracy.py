@@ -241,10 +241,14 @@ def refsim_case(folder: Path, name: str, args, rows: list, refsim_rows: list) ->
     paths = [folder / "traces"] + [folder / extra for extra in args.refsim_extra]
     table = bp.read_traces(paths, progress=False)
     post, seconds = fit(table, "default", args)
-    plans = [bp.ParallelPlan(name=target, **{k: int(v) for k, v in spec["config"].items()
-                                             if k in ("dp", "tp", "pp", "cp", "microbatches",
-                                                      "gpus_per_node")})
-             for target, spec in truth.items()]
+    # the traced job (its schedule and optimizer sharding, as the CLI's --dp does) at each
+    # target's layout
+    traced = json.loads(post["inventory"].attrs["traced_plan"])
+    same = {k: traced[k] for k in ("schedule", "sharding") if traced.get(k)}
+    plans = [bp.ParallelPlan(name=target, **same, **{
+        k: int(v) for k, v in spec["config"].items()
+        if k in ("dp", "tp", "pp", "cp", "microbatches", "gpus_per_node")})
+        for target, spec in truth.items()]
     start = time.perf_counter()
     forecast = bp.forecast(post, plans, draws=args.pred_draws, replicates=8,
                            random_seed=args.seed, progress=False)

@@ -94,3 +94,15 @@ def test_traced_sharding_and_schedule_come_with_the_traced_plan():
                                                            "schedule": "gpipe"}}}
     plan = traced_plan(table)
     assert (plan["sharding"], plan["schedule"]) == ("zero1", "gpipe")
+
+
+def test_a_tree_all_reduce_grows_with_log2_of_the_ranks():
+    # NCCL's tree (named in the kernel) takes 2·log2(p) latency steps: at 1,024 ranks 20, where
+    # a ring would take 2,046
+    kernels = {"g": {"class": "gemm", "launches": 1.0, "log_median": np.log(1000.0)},
+               "ncclDevKernel_AllReduce_Sum_f32_TREE_LL [global]": {
+                   "class": "allreduce", "role": "global", "launches": 1.0,
+                   "log_median": np.log(10.0), "bytes": 4.0, "group": 8.0}}
+    post = kernel_posterior(kernels, traced_plan={"dp": 8}, gpus_per_node=8)
+    step = _step_us(post, ParallelPlan(dp=1024, gpus_per_node=8))
+    assert step == pytest.approx(1000.0 + 20 * 10.0 + 4.0 * 2 * 1023 / 1024 / (25.0 * 1e3))

@@ -24,7 +24,8 @@ whole world ``global``; of the remaining families of groups (same size and rank 
 one with the smallest stride is ``tp`` and the next ``dp`` (every common launcher orders ranks
 tensor-parallel fastest, pipeline slowest), and a lone family is ``tp`` when it communicates
 early in the step (per layer) and ``dp`` otherwise (gradient buckets). Those values carry the
-provenance ``inferred``; those read from descriptions ``trace``.
+provenance ``inferred``; those read from descriptions ``trace``. A job with no group of any
+parallel dimension is plain data parallelism: its world group is then ``dp``.
 """
 
 from __future__ import annotations
@@ -300,6 +301,11 @@ def rank_dimensions(groups: Mapping[str, Group], rank: int, world_size: int | No
         if dim in claimed and dim in COORDINATES:
             dim = "other"
         dimension[name], provenance[name] = dim, INFERRED
+    if not any(dim in COORDINATES for dim in dimension.values()):
+        # plain data parallelism: the world group is the data-parallel group
+        for name, dim in dimension.items():
+            if dim == "global":
+                dimension[name] = "dp"
     return dimension, provenance
 
 

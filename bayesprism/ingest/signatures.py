@@ -11,9 +11,11 @@ in that chunk) separates them, but there are thousands of places and most do the
 :class:`SignatureStats` accumulates the mean log duration of every place key over all files
 (memory: one entry per key), and :func:`signature_map` merges the keys of one name and
 launch configuration whose typical durations lie within :data:`MERGE_TOLERANCE` of the
-fastest key of their cluster (complete linkage in sorted order, so a cluster never spans more
-than that, whatever the spacing of its keys). A name with one cluster keeps its name as
-signature; otherwise its clusters are ``name #1``, ``name #2``, ... in order of duration.
+fastest key of their cluster, or within three standard errors of a key's mean where the
+launches are too few or too noisy to tell 5 % apart (complete linkage in sorted order, so a
+cluster never spans more than that, whatever the spacing of its keys). A name with one
+cluster keeps its name as signature; otherwise its clusters are ``name #1``, ``name #2``,
+... in order of duration.
 The fit then costs cells of signature × GPU × step: tens of signatures, not thousands.
 """
 
@@ -37,6 +39,7 @@ class SignatureStats:
 
     count: dict[str, int] = field(default_factory=dict)
     log_sum: dict[str, float] = field(default_factory=dict)
+    log_square_sum: dict[str, float] = field(default_factory=dict)
 
     def add(self, df: pd.DataFrame) -> None:
         """Account for the rows of one file (rows whose signature is a place key)."""
@@ -54,10 +57,24 @@ class SignatureStats:
         log_d = np.log(df["duration_us"].to_numpy(dtype=np.float64)[rows])
         n = np.bincount(codes[rows], minlength=len(keys))
         total = np.bincount(codes[rows], weights=log_d, minlength=len(keys))
+        squares = np.bincount(codes[rows], weights=log_d**2, minlength=len(keys))
         for code in np.flatnonzero(n):
             key = keys[code]
             self.count[key] = self.count.get(key, 0) + int(n[code])
             self.log_sum[key] = self.log_sum.get(key, 0.0) + float(total[code])
+            self.log_square_sum[key] = self.log_square_sum.get(key, 0.0) + float(squares[code])
+
+    def noise(self, keys: list[str]) -> float:
+        """Standard error of one key's mean log duration: the pooled within-key sd over the
+        typical key's launches (0 when no key has two launches)."""
+        n = np.array([self.count[k] for k in keys], dtype=float)
+        sums = np.array([self.log_sum[k] for k in keys])
+        squares = np.array([self.log_square_sum.get(k, 0.0) for k in keys])
+        ss = np.maximum(squares - sums**2 / n, 0.0)
+        dof = (n - 1).sum()
+        if dof <= 0:
+            return 0.0
+        return float(np.sqrt(ss.sum() / dof / np.median(n)))
 
 
 def signature_map(stats: SignatureStats, tolerance: float = MERGE_TOLERANCE) -> dict[str, str]:
@@ -89,10 +106,12 @@ def signature_map(stats: SignatureStats, tolerance: float = MERGE_TOLERANCE) -> 
     for key, n in stats.count.items():
         name, launch, *_ = key.split(KEY_SEP)
         by_name.setdefault((name, launch), []).append((stats.log_sum[key] / n, key))
-    limit = math.log(tolerance)
     clusters: dict[str, list[list[str]]] = {}
     for (name, _), entries in sorted(by_name.items()):
         entries.sort()
+        # keys closer than the noise of their means are one signature (a kernel seen a few
+        # times per place, as in a one-step trace, must not split on noise)
+        limit = max(math.log(tolerance), 3.0 * stats.noise([key for _, key in entries]))
         groups: list[list[str]] = []
         start = None
         for value, key in entries:
