@@ -119,3 +119,44 @@ def test_shipped_pal_files(package_data):
         run, rows, gpus, *_ = PAL[name]
         df, report = read_gpu_benchmark(package_data / "pal" / name)
         assert report["run"] == run and len(df) == rows and df["rank"].nunique() == gpus
+
+
+def test_fleet_table_with_time_us_hostname_gpu_index_and_sessions(shared_data):
+    from bayesprism.ingest.dispatch import read_head
+
+    path = shared_data / "simulated" / "megatron-3d-dev" / "fleet_gemm_bench.csv.gz"
+    assert can_read(path, read_head(path))
+    raw = pd.read_csv(path)
+    df, report = read_gpu_benchmark(path)
+    df = validate_table(df, source=str(path))
+    assert len(df) == len(raw) and report["skipped"] == {}
+    assert np.allclose(np.sort(df["duration_us"]), np.sort(raw["time_us"]))
+    assert df["node"].nunique() == 512 and df["rank"].nunique() == 4096
+    # hosts keep their names, so traced nodes are the same nodes in a joint fit
+    assert "dgx-h100-1733" in set(df["node"].astype(str))
+    # step = session; a GPU's repeats in a session are launches of one GPU-step
+    assert sorted(df["step"].unique()) == [0, 1, 2]
+    assert (df.groupby(["rank", "step"]).size() == 5).all()
+    # the kernel is a signature of its own: a traced kernel of that name has class gemm
+    (kernel,) = set(df["kernel"].astype(str))
+    assert kernel == raw["kernel"].iloc[0] + "[m=8192,n=8192,k=8192,bf16]"
+    assert report["run"] == "fleet-gemm-bench" and report["run_meta"]["benchmark"] is True
+    assert any("time_us" in n for n in report["notes"])
+
+
+def test_generic_timing_columns(tmp_path):
+    path = tmp_path / "bench.csv"
+    path.write_text("hostname,gpu_index,session,repeat,time_ms\n"
+                    "h1,0,s1,0,2.0\nh1,0,s1,1,2.2\nh1,0,s2,0,2.4\nh2,0,s1,0,3.0\n")
+    df, report = read_gpu_benchmark(path)
+    assert df["duration_us"].tolist() == [2000.0, 2200.0, 2400.0, 3000.0]
+    assert df["step"].tolist() == [0, 0, 1, 0]  # sessions, coded in sorted order
+    assert df["node"].tolist() == ["h1", "h1", "h1", "h2"]
+    assert any("step = the benchmark session" in n for n in report["notes"])
+    two = tmp_path / "two.csv"
+    two.write_text("host,gpu,time_us,elapsed_ms\nh1,0,1.0,2.0\n")
+    with pytest.raises(TraceFormatError, match=r"two\.csv: value_column: several timing "
+                                               r"columns.*'elapsed_ms, time_us'"):
+        read_gpu_benchmark(two)
+    assert read_gpu_benchmark(two, value_column="elapsed_ms")[0]["duration_us"].tolist() == [
+        2000.0]

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
+from bayesprism import collectives as coll
 from bayesprism.errors import TraceFormatError
 from bayesprism.ingest.nccltests import can_read, read_nccl_tests
 from bayesprism.schema import validate_table
@@ -150,3 +152,95 @@ def test_dispatcher_reads_the_fixture():
     table = bp.read_traces([ALL_REDUCE], progress=False)
     assert len(table) == 56 and set(table["kernel_class"].astype(str)) == {"allreduce"}
     assert table.attrs["runs"]["all_reduce_perf_2x8"]["world_size"] == 16
+
+
+# --------------------------------------------------------------------------- CSV sweeps
+CSV_HEADER = ("collective,nodes,gpus,size_bytes,dtype,run,iters,time_us,algbw_GBps,busbw_GBps,"
+              "hostnames\n")
+
+
+def _csv_line(collective, nodes, gpus, size, run, time, hosts) -> str:
+    algbw = size / time / 1e3
+    return f"{collective},{nodes},{gpus},{size},bfloat16,{run},20,{time},{algbw:.3f},0,{hosts}\n"
+
+
+def test_csv_sweeps_of_the_dev_fleet(shared_data):
+    path = shared_data / "simulated" / "megatron-3d-dev" / "nccl_bench.csv"
+    assert can_read(path, path.read_bytes()[:65536])
+    raw = pd.read_csv(path)
+    df, report = read_nccl_tests(path)
+    df = validate_table(df, source=str(path))
+    assert len(df) == len(raw) == 432 and report["skipped"] == {}
+    assert set(df["kernel_class"].astype(str)) == {"allgather", "reducescatter", "allreduce"}
+    assert set(df["kernel"].astype(str)) == {"nccl-tests:all_gather_perf",
+                                            "nccl-tests:reduce_scatter_perf",
+                                            "nccl-tests:all_reduce_perf"}
+    assert (df["group_size"].to_numpy() == raw["gpus"].to_numpy()).all()
+    assert (df["bytes"].to_numpy() == raw["size_bytes"].to_numpy()).all()
+    assert (df["transfer_us"] == df["duration_us"]).all() and (df["wait_us"] == 0).all()
+    # nccl-tests' size is the full buffer: algbw = size / time, busbw = algbw (p-1)/p for
+    # AllGather/ReduceScatter, the convention of bayesprism.collectives
+    gather = raw["collective"] == "all_gather"
+    bus = coll.bandwidth_factor("allgather", raw["gpus"]) * raw["size_bytes"] / raw["time_us"]
+    assert np.allclose(bus[gather] / 1e3, raw.loc[gather, "busbw_GBps"], rtol=0.01)
+    # one step per sweep (node count x repeat), shared by its sizes; node = its first host
+    assert df["step"].nunique() == 24
+    assert (df.groupby("step")["bytes"].nunique() == 6).all()
+    assert df["node"].iloc[0] == raw["hostnames"].iloc[0].split(";")[0]
+    meta = report["run_meta"]
+    assert report["run"] == "nccl_bench" and meta["gpus_per_node"] == 8
+    assert meta["benchmark"] is True and meta["format"] == "nccl-tests"
+
+
+def test_csv_sweeps_feed_the_cost_model_with_both_tiers(shared_data):
+    bp = pytest.importorskip("bayesprism")
+    from bayesprism.model import prepare
+    from bayesprism.spec import ModelSpec
+
+    path = shared_data / "simulated" / "megatron-3d-dev" / "nccl_bench.csv"
+    table = bp.read_traces([path], progress=False)
+    prepared = prepare([table], ModelSpec())
+    # every line is a cell of its own (collective, tier, size, bytes, sweep)
+    assert prepared.summary["collective_rows"] == prepared.summary["collective_cells"] == 432
+    # one node (8 GPUs) is intra-node, 2-32 nodes inter-node
+    assert prepared.data["coll_observed_tiers"].all()
+    one_node = int((pd.read_csv(path)["nodes"] == 1).sum())
+    assert int((prepared.data["coll_cell_tier"] == 0).sum()) == one_node == 72
+
+
+def test_csv_gpus_per_node_hosts_and_errors(tmp_path):
+    path = tmp_path / "sweep.csv"
+    path.write_text(CSV_HEADER
+                    + _csv_line("all_reduce", 1, 4, 1048576, 0, 30.0, "a")
+                    + _csv_line("all_reduce", 2, 8, 1048576, 0, 90.0, "a;b")
+                    + _csv_line("allgather_perf", 2, 16, 1048576, 0, 80.0, "c;d")
+                    + _csv_line("all_reduce", 1, 4, 2097152, 0, -1, "a"))
+    df, report = read_nccl_tests(path)
+    # 4 GPUs per node on a and b, 8 on c and d: runs of their own, so 8 ranks on 2 nodes of 4
+    # GPUs are inter-node and 16 ranks on 2 nodes of 8 too
+    assert report["runs"]["sweep/4-gpus-per-node"]["gpus_per_node"] == 4
+    assert report["runs"]["sweep/8-gpus-per-node"]["gpus_per_node"] == 8
+    assert df["run"].tolist() == ["sweep/4-gpus-per-node"] * 2 + ["sweep/8-gpus-per-node"]
+    assert df["kernel_class"].tolist() == ["allreduce", "allreduce", "allgather"]
+    assert report["skipped"] == {"nccl-tests time is not a positive number": 1}
+    assert any("different GPUs per node" in n for n in report["notes"])
+    assert validate_table(df, source="t").groupby(["run", "rank"])["node"].nunique().max() == 1
+
+    unknown = tmp_path / "u.csv"
+    unknown.write_text(CSV_HEADER + _csv_line("hypercube", 1, 8, 1024, 0, 10.0, "a"))
+    with pytest.raises(TraceFormatError, match=r"u\.csv: collective: unknown collective.*"
+                                               r"'hypercube'"):
+        read_nccl_tests(unknown)
+    per_rank = tmp_path / "p.csv"
+    per_rank.write_text(CSV_HEADER + "all_gather,1,8,1024,bf16,0,20,10.0,0.819,0,a\n")
+    with pytest.raises(TraceFormatError, match=r"p\.csv: size_bytes: .*full buffer"):
+        read_nccl_tests(per_rank)
+    clash = tmp_path / "c.csv"
+    clash.write_text(CSV_HEADER + _csv_line("all_reduce", 2, 16, 1024, 0, 10.0, "a"))
+    with pytest.raises(TraceFormatError, match=r"c\.csv: hostnames: the number of hosts"):
+        read_nccl_tests(clash)
+    bare = tmp_path / "bare.csv"
+    bare.write_text("collective,gpus,size_bytes,time_us\nall_reduce,8,1024,10.0\n")
+    df, report = read_nccl_tests(bare)
+    assert df["group_size"].tolist() == [8] and report["run_meta"]["gpus_per_node"] == 8
+    assert any("every group is taken as one node" in n for n in report["notes"])

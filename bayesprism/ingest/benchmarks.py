@@ -20,12 +20,25 @@ Frontera PageRank              ``perf``                ns       unit undocumente
                                                                 between GPUs are meaningful
 Frontera (``mean_iter_dur``,   ``mean_iter_dur``       s        ``reps`` is the repeat index
 ``reps``)
+any other                      one ``time_<unit>``     from     e.g. ``time_us``; also
+                               column                  name     ``elapsed_``, ``latency_``,
+                                                                ``runtime_``, ``kernel_time_``
 =============================  ======================  =======  =================================
 
 Choices worth knowing:
 
 * The repeat index (``step``) is the ``reps``/``run`` column when it is unique per GPU, else the
-  order of the runs in time (``ts``), else the row order within the GPU (noted).
+  order of the runs in time (``ts``), else the row order within the GPU (noted). A ``session``
+  column (a benchmark launched several times, each time repeating the kernel a few times) is
+  the step instead: the repeats of a GPU in one session are launches of one GPU-step, so the
+  model can tell a session's transient state of a GPU from the GPU itself.
+* Node and GPU ids: ``hostname``/``host``/``node`` and ``gpu_index``/``device``/``gpu``. A node
+  named like a traced host (``dgx-h100-0568``) is the same node in a joint fit with the traces,
+  so its benchmark timings and its kernels share one node effect.
+* A ``kernel`` column (the benchmarked kernel's name) is the workload when no ``exp``/``model``
+  column is given, suffixed with the shape columns (``m``, ``n``, ``k``, ``dtype``) where present:
+  the benchmark's kernel is a signature of its own and never collides with a traced kernel of
+  the same name (which has another class). The run is then ``<cluster>``.
 * Rows flagged ``warmup`` are skipped and counted (``"warm-up run (warmup flag)"``) unless
   ``keep_warmup=True``: they are the first runs on a GPU, which the PAL authors mark as warm-up.
 * ``32gpu-variability.csv`` (``PerfVar_class*`` columns) holds *slowdown factors* relative to the
@@ -57,9 +70,15 @@ _ID_COLUMNS = {
     "gpu": ("device", "gpu", "local_gpu_id", "gpu_index", "local_rank"),
     "workload": ("exp", "model", "workload", "benchmark", "app"),
     "repeat": ("reps", "rep", "repeat", "run", "trial"),
+    "session": ("session", "session_id"),
     "time": ("ts", "timestamp"),
     "cluster": ("cluster", "system"),
+    "kernel": ("kernel", "kernel_name"),
 }
+#: Shape columns appended to a ``kernel`` column's name (``name[m=..,n=..,k=..,dtype]``).
+_SHAPE_COLUMNS = ("m", "n", "k", "dtype")
+#: Generic timing columns: ``<stem>_<unit>``, recognised when no PAL layout matches.
+_TIMING = re.compile(r"^(time|elapsed|latency|runtime|kernel_time)_(ns|us|ms|s)$", re.IGNORECASE)
 #: (layout name, columns that identify it, timing column, unit, note or None)
 PAL_LAYOUTS: tuple[tuple[str, frozenset, str, str, str | None], ...] = (
     ("PAL Lonestar6 aggregate", frozenset({"mean_iter_dur_mean"}), "mean_iter_dur_mean", "s", None),
@@ -189,15 +208,20 @@ def read_gpu_benchmark(
             )
         )
     gpu = gpu.astype("int64")
-    workload = (
-        table[cols["workload"]].astype(str)
-        if "workload" in cols
-        else pd.Series(_stem(path), index=table.index)
-    )
+    if "workload" in cols:
+        workload = table[cols["workload"]].astype(str)
+    elif "kernel" in cols:
+        workload = _kernel_signature(table, cols["kernel"])
+    else:
+        workload = pd.Series(_stem(path), index=table.index)
     workloads = sorted(workload.unique())
     cluster = _cluster(table, cols, path, workloads)
     if run is None:
-        run = f"{cluster}/{workloads[0]}" if len(workloads) == 1 else f"{cluster}/{_stem(path)}"
+        if "workload" not in cols and "kernel" in cols:
+            run = cluster
+        else:
+            run = (f"{cluster}/{workloads[0]}" if len(workloads) == 1
+                   else f"{cluster}/{_stem(path)}")
 
     units = pd.DataFrame({"node": node.to_numpy(), "gpu": gpu.to_numpy()}, index=table.index)
     order = units.assign(
@@ -210,7 +234,12 @@ def read_gpu_benchmark(
     rank = np.array(
         [rank_of[(n, g)] for n, g in zip(units["node"], units["gpu"], strict=True)], dtype=np.int64
     )
-    step = _repeat_index(table, cols, rank, notes)
+    if "session" in cols:
+        step = _session_index(table, cols["session"], source)
+        notes.append(f"{path.name}: step = the benchmark session ({cols['session']}); the "
+                     "repeats of a GPU within a session are its launches")
+    else:
+        step = _repeat_index(table, cols, rank, notes)
 
     out = pd.DataFrame(
         {
@@ -229,6 +258,8 @@ def read_gpu_benchmark(
     out = out.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
 
     used = {value_column, *cols.values(), "warmup"}
+    if "kernel" in cols and "workload" not in cols:
+        used |= {c for c in table.columns if str(c).lower() in _SHAPE_COLUMNS}
     dropped = [str(c) for c in table.columns if c not in used and not str(c).startswith("Unnamed")]
     if dropped:
         notes.append(f"{path.name}: columns not carried into the trace table: {', '.join(dropped)}")
@@ -245,6 +276,7 @@ def read_gpu_benchmark(
         "unit": unit,
         "plan": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "microbatches": 1},
         "independent_gpus": True,
+        "benchmark": True,
         "source_files": [source],
     }
     return out, {"run": run, "skipped": skipped, "notes": notes, "run_meta": meta}
@@ -287,8 +319,22 @@ def _timing_column(table, value_column, unit, source, notes) -> tuple[str, str]:
                     notes.append(note)
                 break
         else:
+            timing = sorted(c for c in columns if _TIMING.match(c))
             factors = sorted(c for c in columns if c.lower().startswith("perfvar"))
-            if factors:
+            if len(timing) == 1:
+                value_column = timing[0]
+                unit = unit or _TIMING.match(value_column).group(2).lower()
+                notes.append(f"timing column {value_column!r} in {unit}")
+            elif len(timing) > 1:
+                raise TraceFormatError(
+                    Problem(
+                        source,
+                        "value_column",
+                        "several timing columns; pass value_column= to choose one",
+                        example=", ".join(timing),
+                    )
+                )
+            elif factors:
                 raise TraceFormatError(
                     Problem(
                         source,
@@ -298,14 +344,15 @@ def _timing_column(table, value_column, unit, source, notes) -> tuple[str, str]:
                         "and unit= to read a column anyway)",
                     )
                 )
-            raise TraceFormatError(
-                Problem(
-                    source,
-                    "value_column",
-                    "no timing column recognised; pass value_column= and unit=; columns are "
-                    + ", ".join(map(str, table.columns)),
+            else:
+                raise TraceFormatError(
+                    Problem(
+                        source,
+                        "value_column",
+                        "no timing column recognised; pass value_column= and unit=; columns "
+                        "are " + ", ".join(map(str, table.columns)),
+                    )
                 )
-            )
     if value_column not in columns:
         raise TraceFormatError(
             Problem(
@@ -335,6 +382,33 @@ def _timing_column(table, value_column, unit, source, notes) -> tuple[str, str]:
             )
         )
     return value_column, unit
+
+
+def _kernel_signature(table: pd.DataFrame, column: str) -> pd.Series:
+    """The kernel column's names with the shape columns appended: ``name[m=8192,...,bf16]``."""
+    lower = {str(c).lower(): c for c in table.columns}
+    shape = [lower[c] for c in _SHAPE_COLUMNS if c in lower]
+    name = table[column].astype(str).str.strip()
+    if not shape:
+        return name
+    parts = [table[c].astype(str).str.strip() if c == lower.get("dtype")
+             else f"{str(c).lower()}=" + table[c].astype(str).str.strip() for c in shape]
+    joined = parts[0]
+    for part in parts[1:]:
+        joined = joined + "," + part
+    return name + "[" + joined + "]"
+
+
+def _session_index(table: pd.DataFrame, column: str, source: str) -> np.ndarray:
+    """Step of each row: its session, as an integer >= 0 (dense codes if not numeric)."""
+    values = pd.to_numeric(table[column], errors="coerce")
+    if values.notna().all() and (values >= 0).all() and (values == values.round()).all():
+        return values.astype("int64").to_numpy()
+    if table[column].isna().any():
+        raise TraceFormatError(Problem(source, column, "session is missing",
+                                       int(table[column].isna().sum())))
+    codes, _ = pd.factorize(table[column].astype(str), sort=True)
+    return codes.astype(np.int64)
 
 
 def _node_label(value) -> str:

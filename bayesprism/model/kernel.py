@@ -29,6 +29,13 @@ Fitting choices (measured, see the benchmark and tests):
   cabinets) are zero-sum within their group (``bayesprism.model.effects.unit_level``).
 * Collectives with ``transfer_us``: ring cost model (``bayesprism.collectives``) per
   collective and tier, lognormal noise, per-step congestion integrated out like z_(g,s).
+  Latency and bandwidth are sampled as each (collective, tier)'s log transfer time at a
+  reference point inside its data and the logit of the latency share there, whitened by the
+  Gauss-Newton curvature at the mode (``_collective_part``): the same posterior as the plain
+  parameters, without their ridge (dev traces, collective part alone, 2 × 1000 draws: R-hat
+  1.23, bulk ESS 9, 816 leapfrog steps per draw → R-hat ≈ 1.006, ESS ≈ 550, 8). Benchmark
+  runs (nccl-tests) share latency and bandwidth but have noise and congestion scales of their
+  own.
 """
 
 from __future__ import annotations
@@ -63,6 +70,11 @@ DENSE_MAX = 20_000_000
 GRID_PADDING = 2.0
 #: Largest table the row-level (Student-t, mixture) likelihoods accept.
 MAX_ROWS = 2_000_000
+#: Bound of the logit of a collective's latency share where it starts (|s| ≤ 20: shares
+#: from 2e-9 to 1 − 2e-9).
+LOGIT_LIMIT = 20.0
+#: Most Gauss-Newton steps taken to centre the collective cost model's coordinates.
+GAUSS_NEWTON_STEPS = 50
 
 
 # ----------------------------------------------------------------------------- preparation
@@ -147,8 +159,29 @@ def _gpus_per_node(table: pd.DataFrame, run_codes: np.ndarray, run_labels: list[
     return per_run[run_codes]
 
 
-def _collective_rows(t: pd.DataFrame, classes: np.ndarray, class_labels: list[str]):
-    """Mask of rows usable by the cost model and the tier of every row (0 intra, 1 inter)."""
+#: Roles whose collectives keep their group and messages when data parallelism grows and run
+#: inside one node's clock domain, so their measured transfers are trustworthy per launch.
+#: Pipeline send/recv crosses nodes, whose clocks disagree by about a transfer's duration
+#: (the wait/transfer split of one launch is then noise): the cost model alone covers it.
+FIXED_GROUP_ROLES: tuple[str, ...] = ("tp", "cp", "ep")
+
+
+def _collective_rows(t: pd.DataFrame, classes: np.ndarray, class_labels: list[str]
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Collective rows, those usable by the cost model, and every row's tier.
+
+    A row is usable with a positive ``transfer_us`` and ``bytes`` and ``group_size >= 2``. Its
+    tier is inter-node (1) when its group has more ranks than a node of its run has GPUs
+    (``gpus_per_node`` of the run metadata, else the largest local GPU index + 1), or when its
+    ``process_group`` has rows from several nodes in this table; else intra-node (0). The
+    ``role`` column is not used: a pipeline send/recv pair of ``group_size`` 2 is inter-node
+    when its process group's rows come from two nodes.
+
+    Returns
+    -------
+    (is_collective, usable, tier)
+        Boolean masks and integer tiers, one per row.
+    """
     n = len(t)
     # Look up per class code, never per row: 10^7 string comparisons cost seconds.
     is_coll = np.array([c in coll.COLLECTIVE_CLASSES for c in class_labels] + [False])[classes]
@@ -163,16 +196,21 @@ def _collective_rows(t: pd.DataFrame, classes: np.ndarray, class_labels: list[st
     gpu = t["gpu"].to_numpy(dtype=np.int64)
     per_node = _gpus_per_node(t, run_codes, run_labels, gpu)
     tier = (np.nan_to_num(group, nan=1.0) > per_node).astype(np.int64)
-    if "process_group" in t.columns and usable.any():
-        # A process group whose rows in this table come from several nodes spans nodes.
+    named = usable & t["process_group"].notna().to_numpy() if "process_group" in t.columns \
+        else np.zeros(n, dtype=bool)
+    if named.any():
+        # A process group whose rows in this table come from several nodes spans nodes. Rows
+        # without a group name (benchmarks, which time a whole group from one host) are no
+        # group of their own (said explicitly: whether astype(str) keeps NaN or writes "nan",
+        # which would pool them into one group spanning all hosts, depends on pandas).
         spans = (
-            t.loc[usable, ["run", "process_group", "node"]]
+            t.loc[named, ["run", "process_group", "node"]]
             .astype(str)
             .groupby(["run", "process_group"])["node"]
             .transform("nunique")
             .to_numpy()
         )
-        tier[usable] = np.maximum(tier[usable], (spans > 1).astype(np.int64))
+        tier[named] = np.maximum(tier[named], (spans > 1).astype(np.int64))
     return is_coll, usable, tier
 
 
@@ -218,14 +256,26 @@ def prepare_kernel(
     usable_all = np.concatenate(coll_usable)
     modelled = sorted({class_labels_all[c] for c in np.unique(cls_all[usable_all])})
     in_modelled_class = np.isin(cls_all, [class_labels_all.index(c) for c in modelled])
-    unusable = in_modelled_class & ~usable_all
+    # Collectives of groups that keep their size and message when only data parallelism
+    # grows (FIXED_GROUP_ROLES): their measured transfers are also fitted as kernels (one per
+    # signature), which the forecast replays at the traced layout; the cost model covers
+    # group sizes never measured.
+    fixed_group = np.concatenate([
+        t["role"].astype(object).isin(FIXED_GROUP_ROLES).to_numpy() if "role" in t.columns
+        else np.zeros(len(t), dtype=bool) for t in tables]) & in_modelled_class
+    unusable = in_modelled_class & ~usable_all & ~fixed_group
     if unusable.any():
         skipped["collective rows of a modelled class without transfer_us/bytes/group_size"] = (
             int(unusable.sum()))
-    kernel_rows = ~in_modelled_class
-    fallback = sorted({class_labels_all[c] for c in np.unique(cls_all[kernel_rows])}
+    kernel_rows = ~in_modelled_class | fixed_group
+    fallback = sorted({class_labels_all[c] for c in np.unique(cls_all[~in_modelled_class])}
                       & set(coll.COLLECTIVE_CLASSES))
-    fallback_rows = kernel_rows & np.isin(cls_all, [class_labels_all.index(c) for c in fallback])
+    fallback_rows = ~in_modelled_class & np.isin(cls_all, [class_labels_all.index(c)
+                                                           for c in fallback])
+    if fixed_group.any():
+        notes.append(f"{int(fixed_group.sum())} collective launches of tp/cp/ep groups "
+                     "fitted as kernels too (their transfer per signature), besides the cost "
+                     "model")
     # Waiting for the slowest peer is re-created by the composition: where ingest split it
     # off, fit the transfer part only, so waiting is not counted twice.
     work_parts = [coll.launch_work_us(t) for t in tables]
@@ -453,6 +503,8 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
     for level in ("node", "gpu"):
         if level in units:
             attrs[f"{level}_population"] = spec.population(level)
+    if "gpustep" in fitted:
+        attrs["gpustep_population"] = spec.population("gpustep")
     summary.update({
         "cells": n_cells, "kernels": len(kernel_ids), "kernel_classes": C,
         "nodes": len(node_ids), "gpus": len(gpu_keys), "steps": len(step_keys),
@@ -499,6 +551,18 @@ def _cabinet_of_node(tables, node_ids, node_labels, notes):
 
 def _prepare_collectives(tables, usable, tier, cls_all, class_labels_all, modelled, run_all,
                          step_all, log_transfer, glob, coords, data, summary) -> None:
+    """Cells of the collectives' log transfer times and the cost model's reference points.
+
+    Cells are (collective, tier, algorithm, group size, bytes, step); the ``coll_cell_*`` arrays
+    carry the cost factors of each (ring, or log2 latency steps for an all-reduce whose NCCL
+    kernel names a tree algorithm). Every observed (collective, tier) *pair* gets a reference
+    point, the geometric mean of its cells' latency steps and bus bytes, where
+    :func:`_collective_part` places its coordinates; ``coll_cell_log_latency_rel`` /
+    ``coll_cell_log_bytes_rel`` are the cells' latency steps and bus bytes relative to that point
+    (log). ``coll_cell_scale`` indexes the
+    noise and congestion scales: the collective's, or for cells of benchmark runs of a
+    collective the job also shows, the ``coll_benchmarked`` ones after them.
+    """
     idx = np.flatnonzero(usable)
     nbytes = np.concatenate([
         pd.to_numeric(t["bytes"], errors="coerce").to_numpy(dtype=float)
@@ -511,34 +575,81 @@ def _prepare_collectives(tables, usable, tier, cls_all, class_labels_all, modell
     p_codes, p_vals = _factorize(group)
     b_codes, b_vals = _factorize(nbytes)
     s_codes, s_keys = _factorize(run_all[idx] * (int(step_all[idx].max()) + 1) + step_all[idx])
+    # The algorithm NCCL names in the kernel (``..._TREE_LL``: log2 latency steps), looked up
+    # per kernel name: the forecast costs such a collective with the same steps.
+    algorithms = ("ring", *coll.LOG_ALGORITHMS)
+    alg_of_kernel = np.array([algorithms.index(coll.algorithm_of(k)) for k in glob["kernel"][1]]
+                             + [0], dtype=np.int64)
+    alg = alg_of_kernel[np.concatenate(glob["kernel"][0])[idx]]
     cells = aggregate_cells(
-        {"coll": j, "tier": tier[idx], "p": p_codes, "b": b_codes, "s": s_codes},
-        {"coll": len(modelled), "tier": 2, "p": len(p_vals), "b": len(b_vals), "s": len(s_keys)},
+        {"coll": j, "tier": tier[idx], "alg": alg, "p": p_codes, "b": b_codes, "s": s_codes},
+        {"coll": len(modelled), "tier": 2, "alg": len(algorithms), "p": len(p_vals),
+         "b": len(b_vals), "s": len(s_keys)},
         log_transfer[idx],
     )
-    cj = cells.codes["coll"]
+    cj, ct = cells.codes["coll"], cells.codes["tier"]
     p = p_vals[cells.codes["p"]]
+    b = b_vals[cells.codes["b"]]
     lat_steps = np.empty(len(cells))
     bw_factor = np.empty(len(cells))
     for k, name in enumerate(modelled):
+        for a, algorithm in enumerate(algorithms):
+            m = (cj == k) & (cells.codes["alg"] == a)
+            lat_steps[m] = coll.latency_steps(name, p[m], algorithm)
         m = cj == k
-        lat_steps[m] = coll.latency_steps(name, p[m])
         bw_factor[m] = coll.bandwidth_factor(name, p[m])
     congestion_group, _ = _factorize(cj * len(s_keys) + cells.codes["s"])
+    # Benchmark runs (run metadata ``benchmark``, e.g. nccl-tests) time transfers on other
+    # nodes, in other sessions, averaged over iterations: they pin latency and bandwidth, but
+    # their spread is not the traced job's. Where a collective has both, the benchmark cells
+    # get noise and congestion scales of their own, so the public ones stay the job's.
+    bench_runs = {str(r) for t in tables
+                  for r, meta in (t.attrs.get("runs") or {}).items()
+                  if isinstance(meta, dict) and meta.get("benchmark")}
+    run_labels = glob["run"][1]
+    bench_run = np.array([label in bench_runs for label in run_labels] + [False])
+    cell_bench = bench_run[s_keys[cells.codes["s"]] // (int(step_all[idx].max()) + 1)]
+    has_job = np.zeros(len(modelled), dtype=bool)
+    has_job[cj[~cell_bench]] = True
+    benchmarked = np.flatnonzero(has_job & np.isin(np.arange(len(modelled)), cj[cell_bench]))
+    scale = cj.copy()
+    split = cell_bench & np.isin(cj, benchmarked)
+    scale[split] = len(modelled) + np.searchsorted(benchmarked, cj[split])
+
+    # Reference point of each observed (collective, tier): the geometric mean of its cells'
+    # latency steps and bus bytes (each cell, i.e. each step of each size, one vote): inside
+    # the data, so the log transfer time there is what they pin, whatever the latency share.
+    pair, pair_keys = _factorize(cj * 2 + ct)
+    pair_coll, pair_tier = pair_keys // 2, pair_keys % 2
+    per_pair = np.bincount(pair).astype(float)
+    ref_steps = np.exp(np.bincount(pair, weights=np.log(lat_steps)) / per_pair)
+    ref_factor = np.exp(np.bincount(pair, weights=np.log(b * bw_factor)) / per_pair)
+
     coords["collective"] = list(modelled)
     coords["tier"] = list(coll.TIERS)
     coords["coll_cell"] = list(range(len(cells)))
+    coords["coll_pair"] = [f"{modelled[c]}/{coll.TIERS[t]}"
+                           for c, t in zip(pair_coll, pair_tier, strict=True)]
+    if benchmarked.size:
+        coords["coll_benchmarked"] = [modelled[c] for c in benchmarked]
     observed_tiers = np.zeros((len(modelled), 2), dtype=bool)
-    observed_tiers[cj, cells.codes["tier"]] = True
+    observed_tiers[cj, ct] = True
     data.update({
-        "coll_cell_collective": cj, "coll_cell_tier": cells.codes["tier"],
+        "coll_cell_collective": cj, "coll_cell_tier": ct,
         "coll_cell_latency_steps": lat_steps,
-        "coll_cell_bytes_factor": b_vals[cells.codes["b"]] * bw_factor,
+        "coll_cell_bytes_factor": b * bw_factor,
         "coll_cell_group": congestion_group, "coll_cell_n": cells.n,
         "coll_cell_mean": cells.mean, "coll_cell_ss": cells.ss,
         "coll_observed_tiers": observed_tiers,
+        "coll_cell_pair": pair, "coll_cell_scale": scale, "coll_cell_benchmark": cell_bench,
+        "coll_cell_log_latency_rel": np.log(lat_steps / ref_steps[pair]),
+        "coll_cell_log_bytes_rel": np.log(b * bw_factor / ref_factor[pair]),
+        "coll_cell_algorithm": cells.codes["alg"],
+        "coll_pair_collective": pair_coll, "coll_pair_tier": pair_tier,
+        "coll_pair_latency_steps": ref_steps, "coll_pair_bytes_factor": ref_factor,
     })
-    summary.update({"collective_rows": int(idx.size), "collective_cells": len(cells)})
+    summary.update({"collective_rows": int(idx.size), "collective_cells": len(cells),
+                    "collective_pairs": len(pair_keys)})
 
 
 # ----------------------------------------------------------------------------- model
@@ -665,10 +776,10 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
         # new unit's deviation from the fitted ones carries the mean's uncertainty.
         shift = shift + loading[cls] * pt.mean(effect)
     pm.Deterministic("kernel_log_median", a_free - shift, dims="kernel")
-    gpustep = None
+    gpustep = gpustep_ref = None
     if "gpustep" in attrs["levels"]:
-        gpustep = class_scales(
-            "gpustep", pm.HalfNormal("gpustep_scale_ref", spec.prior("level_scale")), prepared)
+        gpustep_ref = pm.HalfNormal("gpustep_scale_ref", spec.prior("level_scale"))
+        gpustep = class_scales("gpustep", gpustep_ref, prepared)
 
     beta_per_gpustep = gpu_part[d["gpustep_gpu"]] + step_part[d["gpustep_step"]]
     if rows or spec.fits_rows:
@@ -737,41 +848,319 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
         resid_block = r0 - block_n * beta
         a_gs = pt.sum(resid_block * (gpustep / var)[None, :], axis=1)
         b_gs = pt.sum(block_n * (gpustep**2 / var)[None, :], axis=1)
-        logp = logp + pt.sum(-0.5 * pt.log1p(b_gs) + a_gs**2 / (2.0 * (1.0 + b_gs)))
+        core = -0.5 * pt.log1p(b_gs) + a_gs**2 / (2.0 * (1.0 + b_gs))
+        if spec.population("gpustep") == "degraded":
+            core = _episode_marginal(core, a_gs, b_gs, gpustep_ref, spec)
+        logp = logp + pt.sum(core)
     pm.Potential("kernel_loglik", logp)
 
 
+def _episode_marginal(core, a_gs, b_gs, scale_ref, spec: ModelSpec):
+    """Log marginal of each GPU-step under the ``degraded`` GPU×step population.
+
+    The standardised effect z of a GPU-step is N(0, 1) with probability 1 − w, else an
+    episode N(δ, τ²) (``gpustep_slow_weight``, ``gpustep_slow_shift`` and ``gpustep_slow_sd``,
+    in core sds; the shift and extra spread have half-normal priors on the reference class's
+    log scale, as the ``degraded`` unit population's). The cells of a GPU-step see
+    exp(a z − b z² / 2) (``a``, ``b``: the sums of the collapsed likelihood), so each component
+    integrates in closed form: E[exp(a z − b z²/2)] for z ~ N(δ, τ²) is
+    exp(L²/(2P) − δ²/(2τ²)) / (τ √P), P = 1/τ² + b, L = δ/τ² + a (``core`` is its δ = 0,
+    τ = 1 case). A GPU-step without launches (a = b = 0) adds 0.
+    """
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    weight = pm.Beta("gpustep_slow_weight", 1.0, spec.prior("episode_weight_beta"))
+    shift_log = pm.HalfNormal("gpustep_episode_shift_log", spec.prior("degraded_shift"))
+    spread_log = pm.HalfNormal("gpustep_episode_spread_log", spec.prior("degraded_spread"))
+    delta = pm.Deterministic("gpustep_slow_shift", shift_log / scale_ref)
+    tau = pm.Deterministic("gpustep_slow_sd", pt.sqrt(1.0 + (spread_log / scale_ref) ** 2))
+    return episode_log_marginal(core, a_gs, b_gs, weight, delta, tau, pt)
+
+
+def episode_log_marginal(core, a, b, weight, delta, tau, xp=np):
+    """log[(1 − w)·exp(core) + w·E_{z~N(δ, τ²)} exp(a z − b z²/2)] (:func:`_episode_marginal`),
+    with the array module ``xp`` (NumPy or PyTensor's ``tensor``).
+
+    Examples
+    --------
+    >>> round(float(episode_log_marginal(0.0, 0.0, 0.0, 0.1, 5.0, 2.0)), 12)  # no launches
+    0.0
+    """
+    precision = 1.0 / tau**2 + b
+    linear = delta / tau**2 + a
+    slow = (-xp.log(tau) - 0.5 * xp.log(precision) + linear**2 / (2.0 * precision)
+            - delta**2 / (2.0 * tau**2))
+    return xp.logaddexp(xp.log1p(-weight) + core, xp.log(weight) + slow)
+
+
+def _normal_logp(x, mu: float, sd: float):
+    """Sum of Normal(mu, sd) log densities of a tensor's entries."""
+    import pytensor.tensor as pt
+
+    return pt.sum(-0.5 * ((x - mu) / sd) ** 2 - np.log(sd) - 0.5 * np.log(2.0 * np.pi))
+
+
+def _prior_medians(d: dict, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Prior medians of log latency and log bandwidth of each pair (inter tier: times the
+    prior inter/intra ratios)."""
+    inter = d["coll_pair_tier"] == 1
+    log_lat = np.log(spec.prior("coll_latency_us")) + np.where(
+        inter, np.log(spec.prior("inter_latency_ratio")), 0.0)
+    log_bw = np.log(spec.prior("coll_bandwidth_gbps")) + np.where(
+        inter, np.log(spec.prior("inter_bandwidth_ratio")), 0.0)
+    return log_lat, log_bw
+
+
+def _log_share_shape(logit: np.ndarray, log_latency_rel: np.ndarray,
+                     log_bytes_rel: np.ndarray) -> np.ndarray:
+    """log(σ(s)·ℓ + (1 − σ(s))·f): a cell's log transfer time minus its pair's reference one."""
+    return np.logaddexp(-np.logaddexp(0.0, -logit) + log_latency_rel,
+                        -np.logaddexp(0.0, logit) + log_bytes_rel)
+
+
+def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Centre and whitening of the cost model's coordinates (NumPy only).
+
+    The coordinates are, per pair, the log transfer time ``m`` at its reference point and the
+    logit ``s`` of its latency share there. Their posterior is far from independent: all
+    transfers of a collective in a step share the congestion, so the tiers' reference times
+    move together wherever one source observes both (a trace: correlation ≈ 1), and a pair
+    whose sizes are observed unevenly ties ``m`` to ``s``. A diagonal mass matrix cannot follow
+    that, so the model samples ``θ = θ̂ + L·z`` with ``θ̂`` the mode and ``L Lᵀ`` the inverse
+    Gauss-Newton information there: of the likelihood with the congestion integrated out
+    (exactly as the model does, with noise and congestion scales estimated from the residuals)
+    plus the log-latency and log-bandwidth priors, so that a pair with one size, whose ``s``
+    the data cannot inform, keeps the prior's scale.
+
+    Returns
+    -------
+    (theta, chol)
+        ``theta``: the ``m`` of every pair, then the ``s`` of every pair; ``chol``: the lower
+        Cholesky factor of their approximate posterior covariance.
+    """
+    pair = d["coll_cell_pair"]
+    n_pairs = len(d["coll_pair_collective"])
+    y, n, ss = d["coll_cell_mean"], d["coll_cell_n"], d["coll_cell_ss"]
+    lat_rel, bytes_rel = d["coll_cell_log_latency_rel"], d["coll_cell_log_bytes_rel"]
+    coll_of_cell, group = d["coll_cell_scale"], d["coll_cell_group"]
+    n_coll = int(coll_of_cell.max()) + 1  # noise/congestion scales, one per collective+source
+    n_groups = int(group.max()) + 1
+    coll_of_group = np.zeros(n_groups, dtype=np.int64)
+    coll_of_group[group] = coll_of_cell
+    log_steps = np.log(d["coll_pair_latency_steps"])
+    log_factor = np.log(d["coll_pair_bytes_factor"] / 1e3)
+    prior_lat, prior_bw = _prior_medians(d, spec)
+    prior_prec = 1.0 / spec.prior("coll_log_sd") ** 2
+    logit = np.clip(prior_lat + log_steps - (log_factor - prior_bw), -LOGIT_LIMIT, LOGIT_LIMIT)
+
+    # Starting point: per pair, the logit within the data's profile-likelihood interval
+    # nearest to the prior's (the prior's where the pair has one size), unweighted.
+    log_time = np.empty(n_pairs)
+    grid = np.linspace(-LOGIT_LIMIT, LOGIT_LIMIT, 801)
+    for k in range(n_pairs):
+        m = pair == k
+        resid = y[m][None, :] - _log_share_shape(grid[:, None], lat_rel[m][None, :],
+                                                 bytes_rel[m][None, :])
+        rss = ((resid - resid.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
+        if np.ptp(rss) > 1e-9 * (1.0 + rss.max()):
+            scale = max(rss.min() / m.sum(), 1e-12)
+            near = (rss - rss.min()) / (2.0 * scale) <= 2.0
+            logit[k] = grid[near][np.argmin(np.abs(grid[near] - logit[k]))]
+        log_time[k] = np.mean(y[m] - _log_share_shape(logit[k], lat_rel[m], bytes_rel[m]))
+
+    # Gauss-Newton on the collapsed likelihood (cell means ȳ ~ N(μ, noise²/n) plus a shared
+    # N(0, congestion²) shift per group; Woodbury per group) and the priors.
+    cols = np.arange(pair.size)
+
+    def information(log_time: np.ndarray, logit: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Gauss-Newton information and score of (m, s), and the noise and congestion
+        variances (per scale) re-estimated at the point."""
+        share = 1.0 / (1.0 + np.exp(-logit))
+        h = _log_share_shape(logit[pair], lat_rel, bytes_rel)
+        r = y - log_time[pair] - h
+        # scales: pooled within-group spread and the groups' mean shifts, per collective
+        n_g = np.bincount(group, weights=n, minlength=n_groups)
+        r_g = np.bincount(group, weights=n * r, minlength=n_groups) / n_g
+        spread = ss + n * (r - r_g[group]) ** 2
+        # floors (noise 1 %, congestion 0.1 %): without replicates the data give no scale,
+        # and a zero one would make the whitening collapse the coordinates
+        noise2 = np.maximum(np.bincount(coll_of_cell, weights=spread, minlength=n_coll)
+                            / np.bincount(coll_of_cell, weights=n, minlength=n_coll), 1e-4)
+        shift2 = np.maximum(r_g**2 - noise2[coll_of_group] / n_g, 0.0)
+        cong2 = np.maximum(np.bincount(coll_of_group, weights=shift2, minlength=n_coll)
+                           / np.bincount(coll_of_group, minlength=n_coll), 1e-6)
+        jac = np.zeros((pair.size, 2 * n_pairs))
+        jac[cols, pair] = 1.0
+        # d log(σℓ + (1−σ)f) / ds = (latency share at the cell) − (share at the reference)
+        jac[cols, n_pairs + pair] = np.exp(-np.logaddexp(0.0, -logit[pair]) + lat_rel - h) \
+            - share[pair]
+        u = n / noise2[coll_of_cell]
+        a_g = np.zeros((n_groups, 2 * n_pairs))
+        np.add.at(a_g, group, u[:, None] * jac)
+        u_g = np.bincount(group, weights=u, minlength=n_groups)
+        ru_g = np.bincount(group, weights=u * r, minlength=n_groups)
+        k_g = cong2[coll_of_group] / (1.0 + cong2[coll_of_group] * u_g)
+        info = jac.T @ (u[:, None] * jac) - (a_g * k_g[:, None]).T @ a_g
+        score = jac.T @ (u * r) - (a_g * k_g[:, None]).T @ ru_g
+        # priors on log latency = m + log σ(s) − log steps, log bandwidth = log f − m − log(1−σ)
+        dev_lat = log_time - np.logaddexp(0.0, -logit) - log_steps - prior_lat
+        dev_bw = log_factor - log_time + np.logaddexp(0.0, logit) - prior_bw
+        im, is_ = np.arange(n_pairs), n_pairs + np.arange(n_pairs)
+        info[im, im] += 2.0 * prior_prec
+        info[is_, is_] += ((1.0 - share) ** 2 + share**2) * prior_prec
+        info[im, is_] += (1.0 - 2.0 * share) * prior_prec
+        info[is_, im] += (1.0 - 2.0 * share) * prior_prec
+        score[:n_pairs] -= (dev_lat - dev_bw) * prior_prec
+        score[n_pairs:] -= ((1.0 - share) * dev_lat + share * dev_bw) * prior_prec
+        return info, score, noise2, cong2
+
+    for _ in range(GAUSS_NEWTON_STEPS):
+        info, score, _, _ = information(log_time, logit)
+        step = np.clip(np.linalg.solve(info, score), -1.0, 1.0)  # damped: s can meet a wall
+        log_time = log_time + step[:n_pairs]
+        logit = np.clip(logit + step[n_pairs:], -LOGIT_LIMIT, LOGIT_LIMIT)
+        if np.abs(step).max() < 1e-8:
+            break
+    info, _, noise2, cong2 = information(log_time, logit)
+    try:
+        cov = np.linalg.inv(info)
+    except np.linalg.LinAlgError:
+        cov = np.diag(1.0 / np.maximum(np.diag(info), 1e-12))
+    cov = 0.5 * (cov + cov.T)
+
+    # The curvature at the mode describes the logit s badly where the data bound the latency
+    # share on one side only (two sizes, both bandwidth-bound: a steep wall above, the prior's
+    # slope below) or not at all (one size: the prior's skewed shape). Centre and scale each
+    # s by its profile posterior on a grid instead (m profiled out, congestion integrated as
+    # above, the other pairs held at the mode), keeping the correlations of the curvature.
+    fine = np.sqrt(np.maximum(np.diag(cov)[n_pairs:], 1e-12))
+    for k in range(n_pairs):
+        m = pair == k
+        grid = np.unique(np.concatenate([
+            np.linspace(-LOGIT_LIMIT, LOGIT_LIMIT, 801),
+            np.clip(logit[k] + fine[k] * np.linspace(-10.0, 10.0, 401), -LOGIT_LIMIT,
+                    LOGIT_LIMIT)]))
+        r = y[m][None, :] - _log_share_shape(grid[:, None], lat_rel[m][None, :],
+                                             bytes_rel[m][None, :])
+        u = n[m] / noise2[coll_of_cell[m]]
+        g_codes, g = np.unique(group[m], return_inverse=True)
+        onehot = np.zeros((m.sum(), g_codes.size))
+        onehot[np.arange(m.sum()), g] = 1.0
+        u_g = u @ onehot
+        k_g = cong2[coll_of_group[g_codes]] / (1.0 + cong2[coll_of_group[g_codes]] * u_g)
+        # m̂(s): the generalised least squares level of the pair's cells
+        r_g = (r * u) @ onehot
+        level = ((r_g * (1.0 - k_g * u_g)).sum(axis=1)
+                 / (u_g * (1.0 - k_g * u_g)).sum())
+        e = r - level[:, None]
+        quad = (u * e**2).sum(axis=1) - (k_g * ((e * u) @ onehot) ** 2).sum(axis=1)
+        lat = level - np.logaddexp(0.0, -grid) - log_steps[k] - prior_lat[k]
+        bw = log_factor[k] - level + np.logaddexp(0.0, grid) - prior_bw[k]
+        lp = -0.5 * quad - 0.5 * prior_prec * (lat**2 + bw**2)
+        weight = np.exp(lp - lp.max()) * np.gradient(grid)
+        weight /= weight.sum()
+        centre = float(weight @ grid)
+        sd = float(np.sqrt(weight @ (grid - centre) ** 2))
+        if sd > 0.0:
+            scale = sd / np.sqrt(cov[n_pairs + k, n_pairs + k])
+            cov[n_pairs + k, :] *= scale
+            cov[:, n_pairs + k] *= scale
+            logit[k] = centre
+            log_time[k] = float(np.interp(centre, grid, level))
+    theta = np.concatenate([log_time, logit])
+    try:
+        chol = np.linalg.cholesky(cov)
+    except np.linalg.LinAlgError:
+        chol = np.diag(np.sqrt(np.maximum(np.diag(cov), 1e-12)))
+    return theta, chol
+
+
 def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
+    """Ring cost model per (collective, tier), sampled at data-centred reference points.
+
+    The latency/bandwidth ridge (``t = α·steps(p) + b·factor(p)/β``) is parameterised per
+    observed (collective, tier) pair by the log transfer time ``m`` at the pair's reference
+    point (:func:`_prepare_collectives`) and the logit ``s`` of the latency share there:
+    ``log α = m + log σ(s) − log steps_ref``, ``log β = log bytes_ref − m − log(1 − σ(s))``.
+    The data pin ``m``; ``s`` only as far as the sizes around the reference differ, and where
+    they do not (one group size and bytes value) it is prior-only, a smooth direction with no
+    funnel. The map has Jacobian 1, so the priors on log latency, log bandwidth and the
+    inter/intra ratios (``ModelSpec`` priors) are the same densities as on the plain
+    parameters: this is a change of coordinates, not of model. A tier never observed is the
+    observed one times the prior ratio, sampled. Noise and the per-step congestion (integrated
+    out in closed form) are as before.
+    """
     import pymc as pm
     import pytensor.tensor as pt
 
     d = prepared.data
-    j, tier = d["coll_cell_collective"], d["coll_cell_tier"]
+    n_coll = len(prepared.coords["collective"])
+    pair = d["coll_cell_pair"]
+    pair_coll, pair_tier = d["coll_pair_collective"], d["coll_pair_tier"]
+    n_pairs = len(pair_coll)
     pm.Data("coll_cell_n", d["coll_cell_n"], dims="coll_cell")
     pm.Data("coll_cell_mean_log", d["coll_cell_mean"], dims="coll_cell")
     pm.Data("coll_cell_ss_log", d["coll_cell_ss"], dims="coll_cell")
-    sd = spec.prior("coll_log_sd")
-    rsd = spec.prior("tier_ratio_log_sd")
-    # The inter tier is the intra tier times a ratio with a prior: an unobserved tier keeps a
-    # weakly informative prior tied to the observed one.
-    log_lat_intra = pm.Normal("coll_log_latency_intra", np.log(spec.prior("coll_latency_us")),
-                              sd, dims="collective")
-    log_lat_ratio = pm.Normal("coll_log_latency_ratio",
-                              np.log(spec.prior("inter_latency_ratio")), rsd, dims="collective")
-    log_bw_intra = pm.Normal("coll_log_bandwidth_intra",
-                             np.log(spec.prior("coll_bandwidth_gbps")), sd, dims="collective")
-    log_bw_ratio = pm.Normal("coll_log_bandwidth_ratio",
-                             np.log(spec.prior("inter_bandwidth_ratio")), rsd, dims="collective")
-    log_lat = pt.stack([log_lat_intra, log_lat_intra + log_lat_ratio], axis=1)
-    log_bw = pt.stack([log_bw_intra, log_bw_intra + log_bw_ratio], axis=1)
-    latency = pm.Deterministic("coll_latency_us", pt.exp(log_lat), dims=("collective", "tier"))
-    bandwidth = pm.Deterministic("coll_bandwidth_gbps", pt.exp(log_bw),
-                                 dims=("collective", "tier"))
+    pm.Data("coll_reference_latency_steps", d["coll_pair_latency_steps"], dims="coll_pair")
+    pm.Data("coll_reference_bus_bytes", d["coll_pair_bytes_factor"], dims="coll_pair")
+
+    theta_hat, chol = _collective_start(d, spec)
+    pm.modelcontext(None).add_coord(
+        "coll_coef", [f"{kind}:{label}" for kind in ("log_time", "logit_share")
+                      for label in prepared.coords["coll_pair"]])
+    theta = theta_hat + pt.dot(chol, pm.Flat("coll_cost_coef", dims="coll_coef"))
+    log_time, logit = theta[:n_pairs], theta[n_pairs:]
+    log_share, log_rest = -pt.softplus(-logit), -pt.softplus(logit)
+    pm.Deterministic("coll_reference_us", pt.exp(log_time), dims="coll_pair")
+    pm.Deterministic("coll_latency_share", pt.sigmoid(logit), dims="coll_pair")
+    pair_log_lat = log_time + log_share - np.log(d["coll_pair_latency_steps"])
+    pair_log_bw = np.log(d["coll_pair_bytes_factor"] / 1e3) - log_time - log_rest
+
+    # (collective, tier) → position in the pairs, then in the extrapolated tiers.
+    where = np.full((n_coll, 2), -1, dtype=np.int64)
+    where[pair_coll, pair_tier] = np.arange(n_pairs)
+    one_tier = np.flatnonzero((where < 0).any(axis=1))
+    lat_parts, bw_parts = [pair_log_lat], [pair_log_bw]
+    lat_mu, bw_mu = np.log(spec.prior("coll_latency_us")), np.log(spec.prior("coll_bandwidth_gbps"))
+    ratio_lat = np.log(spec.prior("inter_latency_ratio"))
+    ratio_bw = np.log(spec.prior("inter_bandwidth_ratio"))
+    sd, rsd = spec.prior("coll_log_sd"), spec.prior("tier_ratio_log_sd")
+    if one_tier.size:
+        # The tier never observed is the observed one times an inter/intra ratio with a prior.
+        pm.modelcontext(None).add_coord(
+            "coll_extrapolated", [prepared.coords["collective"][c] for c in one_tier])
+        r_lat = pm.Normal("coll_log_latency_ratio", ratio_lat, rsd, dims="coll_extrapolated")
+        r_bw = pm.Normal("coll_log_bandwidth_ratio", ratio_bw, rsd, dims="coll_extrapolated")
+        missing = (where[one_tier] < 0).argmax(axis=1)
+        source = where[one_tier, 1 - missing]
+        sign = np.where(missing == 1, 1.0, -1.0)
+        lat_parts.append(pair_log_lat[source] + sign * r_lat)
+        bw_parts.append(pair_log_bw[source] + sign * r_bw)
+        where[one_tier, missing] = n_pairs + np.arange(one_tier.size)
+    log_lat = pt.concatenate(lat_parts)[where]
+    log_bw = pt.concatenate(bw_parts)[where]
+    # The priors of the plain parameters: intra latency and bandwidth, and the inter/intra
+    # ratios of collectives with both tiers observed (the others sample their ratio above).
+    both = np.flatnonzero((where < n_pairs).all(axis=1))
+    prior = (_normal_logp(log_lat[:, 0], lat_mu, sd) + _normal_logp(log_bw[:, 0], bw_mu, sd)
+             + _normal_logp(log_lat[both, 1] - log_lat[both, 0], ratio_lat, rsd)
+             + _normal_logp(log_bw[both, 1] - log_bw[both, 0], ratio_bw, rsd))
+    pm.Potential("coll_prior", prior)
+    pm.Deterministic("coll_latency_us", pt.exp(log_lat), dims=("collective", "tier"))
+    pm.Deterministic("coll_bandwidth_gbps", pt.exp(log_bw), dims=("collective", "tier"))
     noise = pm.HalfNormal("coll_noise", spec.prior("coll_noise"), dims="collective")
     congestion = pm.HalfNormal("coll_congestion", spec.prior("coll_congestion"),
                                dims="collective")
-    mu = pt.log(latency[j, tier] * d["coll_cell_latency_steps"]
-                + d["coll_cell_bytes_factor"] / (bandwidth[j, tier] * 1e3))
+    if "coll_benchmarked" in prepared.coords:
+        noise = pt.concatenate([noise, pm.HalfNormal(
+            "coll_bench_noise", spec.prior("coll_noise"), dims="coll_benchmarked")])
+        congestion = pt.concatenate([congestion, pm.HalfNormal(
+            "coll_bench_congestion", spec.prior("coll_congestion"), dims="coll_benchmarked")])
+
+    j = d["coll_cell_scale"]
+    mu = log_time[pair] + pt.logaddexp(log_share[pair] + d["coll_cell_log_latency_rel"],
+                                       log_rest[pair] + d["coll_cell_log_bytes_rel"])
     n, mean, ss = d["coll_cell_n"], d["coll_cell_mean"], d["coll_cell_ss"]
     var = noise[j] ** 2
     logp = pt.sum(-0.5 * n * np.log(2.0 * np.pi) - n * pt.log(noise[j])

@@ -1,0 +1,225 @@
+"""Collective cost model: exact change of coordinates, recovery of latency and bandwidth, mixing
+on the latency/bandwidth ridge, tiers, and benchmark runs with scales of their own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from bayesprism import collectives as coll
+from bayesprism.model import build, prepare
+from bayesprism.spec import ModelSpec
+
+COLUMNS = ["run", "step", "rank", "node", "gpu", "kernel", "kernel_class", "duration_us",
+           "transfer_us", "bytes", "group_size"]
+
+
+def collective_table(sizes, *, latency, bandwidth, steps=8, launches=20, noise=0.02,
+                     congestion=0.01, seed=0, run="job", kind="allreduce",
+                     gpus_per_node=8) -> pd.DataFrame:
+    """Transfers of one collective from the ring cost model with known parameters.
+
+    ``sizes``: (group size, bytes) pairs; ``latency``/``bandwidth``: per tier (0 intra, 1 inter,
+    a group larger than ``gpus_per_node`` is inter). Each step shifts all transfers by one
+    shared congestion draw; each launch has lognormal noise.
+    """
+    rng = np.random.default_rng(seed)
+    rows = []
+    for step in range(steps):
+        shift = congestion * rng.standard_normal()
+        for p, nbytes in sizes:
+            tier = int(p > gpus_per_node)
+            t_us = coll.transfer_time_us(kind, p, nbytes, latency[tier], bandwidth[tier])
+            for _ in range(launches):
+                t = t_us * np.exp(shift + noise * rng.standard_normal())
+                rows.append((run, step, 0, "n00", 0, f"nccl:{kind}", kind, t * 1.2, t,
+                             float(nbytes), p))
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table.attrs["runs"] = {run: {"gpus_per_node": gpus_per_node}}
+    return table
+
+
+def _sample(model, draws=600, tune=400, seed=1):
+    """PyMC NUTS, 2 chains: R-hat <= 1.01 is only a meaningful bar with ~1000 draws each
+    (with 300 it scatters to 1.02 on a well-mixing chain); 600 keep it below."""
+    import pymc as pm
+
+    with model:
+        return pm.sample(draws, tune=tune, chains=2, cores=1, nuts_sampler="pymc",
+                         random_seed=seed, progressbar=False, compute_convergence_checks=False)
+
+
+def _convergence(tree, names):
+    import arviz as az
+
+    summary = az.summary(tree, var_names=names, round_to="none")
+    return (float(summary["r_hat"].max()), float(summary["ess_bulk"].min()),
+            int(tree.sample_stats["diverging"].sum()))
+
+
+# ---------------------------------------------------------------- the model is unchanged
+def test_coordinates_change_the_parameterisation_not_the_density():
+    """Between two points the model's log density changes exactly as the plain model's does:
+    latency and bandwidth with their priors (intra tier, inter/intra ratio) and the collapsed
+    likelihood with the congestion integrated out."""
+    table = pd.concat([
+        collective_table([(4, 1e6), (8, 1e8)], latency=(5.0, 12.0), bandwidth=(200.0, 40.0)),
+        collective_table([(16, 1e8)], latency=(5.0, 12.0), bandwidth=(200.0, 40.0), seed=1),
+        collective_table([(8, 3e7)], latency=(5.0, 12.0), bandwidth=(200.0, 40.0), seed=2,
+                         kind="allgather"),
+    ], ignore_index=True)
+    table.attrs["runs"] = {"job": {"gpus_per_node": 8}}
+    spec = ModelSpec()
+    prepared = prepare([table], spec)
+    d = prepared.data
+    model = build(prepared, spec)
+    logp = model.compile_logp()
+    values = model.compile_fn(
+        model.replace_rvs_by_values([model["coll_latency_us"], model["coll_bandwidth_gbps"],
+                                     model["coll_noise"], model["coll_congestion"]]),
+        inputs=model.value_vars, on_unused_input="ignore")
+    rng = np.random.default_rng(5)
+
+    def plain(lat, bw, noise, congestion):
+        sd, rsd = spec.prior("coll_log_sd"), spec.prior("tier_ratio_log_sd")
+        out = (stats.norm.logpdf(np.log(lat[:, 0]), np.log(spec.prior("coll_latency_us")), sd)
+               + stats.norm.logpdf(np.log(bw[:, 0]), np.log(spec.prior("coll_bandwidth_gbps")),
+                                   sd)
+               + stats.norm.logpdf(np.log(lat[:, 1] / lat[:, 0]),
+                                   np.log(spec.prior("inter_latency_ratio")), rsd)
+               + stats.norm.logpdf(np.log(bw[:, 1] / bw[:, 0]),
+                                   np.log(spec.prior("inter_bandwidth_ratio")), rsd)).sum()
+        j, t = d["coll_cell_collective"], d["coll_cell_tier"]
+        mu = np.log(lat[j, t] * d["coll_cell_latency_steps"]
+                    + d["coll_cell_bytes_factor"] / (bw[j, t] * 1e3))
+        n, mean, ss = d["coll_cell_n"], d["coll_cell_mean"], d["coll_cell_ss"]
+        var = noise[j] ** 2
+        out += np.sum(-0.5 * n * np.log(2 * np.pi) - n * np.log(noise[j])
+                      - (ss + n * (mean - mu) ** 2) / (2 * var))
+        g = d["coll_cell_group"]
+        a = np.bincount(g, weights=congestion[j] * n * (mean - mu) / var)
+        b = np.bincount(g, weights=congestion[j] ** 2 * n / var)
+        return out + np.sum(-0.5 * np.log1p(b) + a**2 / (2 * (1 + b)))
+
+    base = model.initial_point()
+    diffs = []
+    for _ in range(3):
+        point = dict(base)
+        for name in ("coll_cost_coef", "coll_log_latency_ratio", "coll_log_bandwidth_ratio"):
+            point[name] = base[name] + rng.normal(0, 0.5, base[name].shape)
+        lat, bw, noise, congestion = values(point)
+        diffs.append((logp(point) - logp(base),
+                      plain(lat, bw, noise, congestion) - plain(*values(base))))
+    for model_diff, plain_diff in diffs:
+        assert model_diff == pytest.approx(plain_diff, rel=1e-7, abs=1e-6)
+
+
+# ---------------------------------------------------------------- recovery and mixing
+def test_recovers_latency_and_bandwidth_of_both_tiers():
+    truth_lat, truth_bw = (4.0, 15.0), (300.0, 40.0)
+    sizes = [(p, b) for p in (4, 8, 16, 32) for b in (1e5, 1e7, 1e9)]
+    table = collective_table(sizes, latency=truth_lat, bandwidth=truth_bw, steps=12,
+                             launches=3, noise=0.03, congestion=0.02, seed=3)
+    spec = ModelSpec()
+    tree = _sample(build(prepare([table], spec), spec), seed=3)
+    post = tree.posterior
+    for t, tier in enumerate(coll.TIERS):
+        lat = post["coll_latency_us"].sel(collective="allreduce", tier=tier)
+        bw = post["coll_bandwidth_gbps"].sel(collective="allreduce", tier=tier)
+        assert float(lat.mean()) == pytest.approx(truth_lat[t], rel=0.1)
+        assert float(bw.mean()) == pytest.approx(truth_bw[t], rel=0.05)
+    assert float(post["coll_noise"].mean()) == pytest.approx(0.03, rel=0.1)
+    r_hat, ess, divergences = _convergence(
+        tree, ["coll_latency_us", "coll_bandwidth_gbps", "coll_noise", "coll_congestion"])
+    assert r_hat <= 1.01 and ess >= 200 and divergences == 0
+
+
+def test_ridge_of_few_sizes_mixes_and_falls_back_to_the_prior():
+    """Two tiers observed in the same steps with one group size and two or three bytes values
+    each (as a traced job's TP and DP collectives): the data pin each tier's time at its sizes
+    and the tiers' ratio to 1e-4, not latency against bandwidth. The plain parameters mixed
+    badly here (R-hat 1.2, divergences); the reference-point coordinates mix, and the single-size
+    collective's latency keeps the prior's spread."""
+    lat, bw = (3.0, 8.0), (350.0, 45.0)
+    table = pd.concat([
+        collective_table([(8, 6.4e7), (8, 1.28e8)], latency=lat, bandwidth=bw, steps=12,
+                         launches=200, noise=0.02, congestion=0.01, seed=4, kind="allgather"),
+        collective_table([(16, 4.3e8), (16, 5.6e8), (16, 7e8)], latency=lat, bandwidth=bw,
+                         steps=12, launches=20, noise=0.02, congestion=0.01, seed=5,
+                         kind="allgather"),
+        collective_table([(8, 1.6e4)], latency=lat, bandwidth=bw, steps=12, launches=50,
+                         noise=0.02, congestion=0.01, seed=6, kind="allreduce"),
+    ], ignore_index=True)
+    table.attrs["runs"] = {"job": {"gpus_per_node": 8}}
+    spec = ModelSpec()
+    tree = _sample(build(prepare([table], spec), spec), draws=1000, tune=500, seed=4)
+    names = ["coll_latency_us", "coll_bandwidth_gbps", "coll_noise", "coll_congestion"]
+    r_hat, ess, divergences = _convergence(tree, names)
+    assert divergences == 0 and r_hat <= 1.01 and ess >= 200
+    post = tree.posterior
+    # the transfer time of the single size is pinned, its latency/bandwidth split is not
+    single = post["coll_latency_us"].sel(collective="allreduce", tier="intra")
+    time = (single * coll.latency_steps("allreduce", 8) + 1.6e4 * coll.bandwidth_factor(
+        "allreduce", 8) / (post["coll_bandwidth_gbps"].sel(collective="allreduce",
+                                                           tier="intra") * 1e3))
+    truth = coll.transfer_time_us("allreduce", 8, 1.6e4, lat[0], bw[0])
+    assert float(np.log(time).std()) < 0.01 and float(time.mean()) == pytest.approx(truth,
+                                                                                    rel=0.01)
+    # ... the bandwidth's only bound is that the latency term cannot exceed that time
+    assert float(single.max()) <= truth / coll.latency_steps("allreduce", 8) * 1.02
+    single_bw = post["coll_bandwidth_gbps"].sel(collective="allreduce", tier="intra")
+    assert float(np.log(single_bw).std()) > 1.0
+    # bandwidth-dominated sizes pin the bandwidth of both tiers
+    for t, tier in enumerate(coll.TIERS):
+        fitted = post["coll_bandwidth_gbps"].sel(collective="allgather", tier=tier)
+        assert float(fitted.mean()) == pytest.approx(bw[t], rel=0.05)
+
+
+# ---------------------------------------------------------------- tiers and sources
+def test_tiers_from_group_size_and_spanning_process_groups_not_roles():
+    table = collective_table([(2, 1e6)], latency=(5.0, 10.0), bandwidth=(100.0, 40.0),
+                             steps=2, launches=2, kind="sendrecv")
+    table["process_group"] = "pp"
+    table.loc[table.index % 2 == 1, "node"] = "n01"  # the pair's two ranks on two nodes
+    # a benchmark run's rows carry no process group and come from many hosts: not a group
+    bench = collective_table([(8, 1e6), (16, 1e6)], latency=(5.0, 10.0),
+                             bandwidth=(100.0, 40.0), steps=3, launches=1, run="bench")
+    bench["node"] = [f"h{i}" for i in range(len(bench))]
+    both = pd.concat([table, bench], ignore_index=True)
+    both.attrs["runs"] = {"job": {"gpus_per_node": 8}, "bench": {"gpus_per_node": 8}}
+    prepared = prepare([both], ModelSpec())
+    assert prepared.coords["collective"] == ["allreduce", "sendrecv"]
+    # p = 8 of the benchmark is intra: rows without a process group are no group of their own
+    assert prepared.data["coll_observed_tiers"].tolist() == [[True, True], [False, True]]
+    assert prepared.coords["coll_pair"] == ["allreduce/intra", "allreduce/inter",
+                                            "sendrecv/inter"]
+    # the same p2p rows in one node only: intra
+    table["node"] = "n00"
+    assert prepare([table], ModelSpec()).data["coll_observed_tiers"].tolist() == [[True, False]]
+
+
+def test_benchmark_runs_get_noise_and_congestion_of_their_own():
+    lat, bw = (3.0, 8.0), (350.0, 45.0)
+    job = collective_table([(8, 6.4e7), (16, 4.3e8)], latency=lat, bandwidth=bw, steps=8,
+                           launches=30, noise=0.02, congestion=0.002, seed=7, kind="allgather")
+    sweeps = [(p, b) for p in (8, 16, 32) for b in (1e6, 1.6e7, 2.6e8)]
+    bench = collective_table(sweeps, latency=lat, bandwidth=bw, steps=6, launches=1,
+                             noise=0.05, congestion=0.2, seed=8, kind="allgather", run="bench")
+    bench.attrs["runs"] = {"bench": {"gpus_per_node": 8, "benchmark": True}}
+    spec = ModelSpec()
+    prepared = prepare([job, bench], spec)
+    assert prepared.coords["coll_benchmarked"] == ["allgather"]
+    tree = _sample(build(prepared, spec), draws=300, tune=300, seed=5)
+    post = tree.posterior
+    # the job's own spread, not the benchmark's, is what forecasts read
+    assert float(post["coll_congestion"].mean()) < 0.02
+    assert float(post["coll_bench_congestion"].mean()) > 0.1
+    assert float(post["coll_noise"].mean()) == pytest.approx(0.02, rel=0.1)
+    # both sources pin one latency and bandwidth
+    inter_bw = post["coll_bandwidth_gbps"].sel(collective="allgather", tier="inter")
+    assert float(inter_bw.mean()) == pytest.approx(bw[1], rel=0.05)
+    # a benchmark alone keeps the public scales
+    alone = prepare([bench], spec)
+    assert "coll_benchmarked" not in alone.coords
