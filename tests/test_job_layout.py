@@ -242,3 +242,16 @@ def test_signature_merge_is_bounded_by_the_tolerance():
     for name in set(mapping.values()):
         us = [math.exp(stats.log_sum[k]) for k, v in mapping.items() if v == name]
         assert max(us) / min(us) <= 1.05
+
+
+def test_reading_in_worker_processes_gives_the_same_table(tmp_path, monkeypatch):
+    write_job(tmp_path, tp=2, pp=2, dp=2)
+    tables = {}
+    for workers in ("1", "2"):
+        monkeypatch.setenv("BAYESPRISM_INGEST_WORKERS", workers)
+        tables[workers] = bp.read_traces([tmp_path], progress=False)
+    pd.testing.assert_frame_equal(tables["1"], tables["2"])
+    assert tables["1"].attrs == tables["2"].attrs
+    monkeypatch.setenv("BAYESPRISM_INGEST_WORKERS", "two")
+    with pytest.raises(InputError, match="BAYESPRISM_INGEST_WORKERS"):
+        bp.read_traces([tmp_path], progress=False)

@@ -355,24 +355,18 @@ def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollecto
     # disable=None: a bar only on a terminal, so logs and pipes get no progress noise.
     bar = tqdm(sniffed, desc="ingest", unit="file", disable=None if progress else True,
                leave=False)
-    for f, (fmt, reader) in bar:
+    def task(item) -> tuple:
+        f, (fmt, reader) = item
         file_options = dict(options)
         if fmt == "kineto":
             file_options["run"] = run_names[f.path]
             file_options["host_from_file_name"] = host_ok[f.path]
-        try:
-            with warnings.catch_warnings():
-                # Collected as notes and re-emitted once per distinct message after the loop.
-                warnings.simplefilter("ignore", IngestWarning)
-                df, report = _call_reader(reader, f.path, file_options)
-            df = validate_table(df, source=str(f.path))
-        except InputError as exc:
-            collector.problems.extend(
-                p if isinstance(p, Problem) else Problem(str(f.path), "", str(p))
-                for p in exc.problems)
-            continue
-        except (OSError, UnicodeDecodeError) as exc:
-            collector.problems.append(Problem(str(f.path), "", f"cannot be read: {exc}"))
+        return reader, f.path, file_options
+
+    for (f, (fmt, _)), (df, report, problems) in zip(
+            bar, _read_in_order([task(item) for item in sniffed]), strict=True):
+        if problems:
+            collector.problems.extend(problems)
             continue
         if options.get("layout") and not report.get("layout_applied"):
             report = report_with_layout(report, options["layout"], str(f.path))
@@ -386,6 +380,57 @@ def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollecto
     for text in collector.attrs["notes"]:
         if text.startswith("node taken as"):
             warnings.warn(text, IngestWarning, stacklevel=3)
+
+
+def read_file(reader: Callable, path: Path, options: dict) -> tuple:
+    """``(table, report, problems)`` of one file: bad input comes back as problems (so a
+    worker process can return it), anything else raises."""
+    try:
+        with warnings.catch_warnings():
+            # Collected as notes and re-emitted once per distinct message after the loop.
+            warnings.simplefilter("ignore", IngestWarning)
+            df, report = _call_reader(reader, path, options)
+        return validate_table(df, source=str(path)), report, []
+    except InputError as exc:
+        return None, None, [p if isinstance(p, Problem) else Problem(str(path), "", str(p))
+                            for p in exc.problems]
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, None, [Problem(str(path), "", f"cannot be read: {exc}")]
+
+
+def ingest_workers(files: int) -> int:
+    """Processes that read files at once: ``BAYESPRISM_INGEST_WORKERS`` if set, else the
+    machine's cores (at most 8) for 8 files or more, else 1 (no pool for a few files)."""
+    stated = os.environ.get("BAYESPRISM_INGEST_WORKERS")
+    if stated:
+        try:
+            return max(1, int(stated))
+        except ValueError:
+            raise InputError(Problem("BAYESPRISM_INGEST_WORKERS", "", "must be a whole "
+                                     "number of processes", example=stated)) from None
+    return min(os.cpu_count() or 1, 8) if files >= 8 else 1
+
+
+def _read_in_order(tasks: list[tuple]) -> Iterator[tuple]:
+    """:func:`read_file` of each task, in order; with several workers, files are read in
+    spawned processes, at most two per worker ahead of the consumer (bounded memory)."""
+    workers = ingest_workers(len(tasks))
+    if workers <= 1:
+        yield from (read_file(*t) for t in tasks)
+        return
+    import multiprocessing
+    from collections import deque
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn, not fork: the caller may have imported JAX or started threads
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pending: deque = deque()
+        for t in tasks:
+            pending.append(pool.submit(read_file, *t))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def raise_problems(collector: IngestCollector, found_any: bool) -> None:
