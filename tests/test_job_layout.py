@@ -247,7 +247,7 @@ def test_signature_merge_is_bounded_by_the_tolerance():
 def test_reading_in_worker_processes_gives_the_same_table(tmp_path, monkeypatch):
     write_job(tmp_path, tp=2, pp=2, dp=2)
     tables = {}
-    for workers in ("1", "2"):
+    for workers in ("1", "2"):  # (unset is 1; the CLI sets "auto")
         monkeypatch.setenv("BAYESPRISM_INGEST_WORKERS", workers)
         tables[workers] = bp.read_traces([tmp_path], progress=False)
     pd.testing.assert_frame_equal(tables["1"], tables["2"])

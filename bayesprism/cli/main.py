@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import warnings
 
@@ -58,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if getattr(args, "quiet", False):
         warnings.simplefilter("ignore")
+    # the console script guards its main module, so trace files may be read by worker
+    # processes (bayesprism.ingest.dispatch.ingest_workers); only for this command
+    chosen = "BAYESPRISM_INGEST_WORKERS" in os.environ
+    if not chosen:
+        os.environ["BAYESPRISM_INGEST_WORKERS"] = "auto"
     try:
         return int(args.func(args) or 0)
     except InputError as exc:
@@ -73,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        if not chosen:
+            os.environ.pop("BAYESPRISM_INGEST_WORKERS", None)
 
 
 if __name__ == "__main__":  # pragma: no cover

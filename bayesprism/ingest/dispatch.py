@@ -399,16 +399,18 @@ def read_file(reader: Callable, path: Path, options: dict) -> tuple:
 
 
 def ingest_workers(files: int) -> int:
-    """Processes that read files at once: ``BAYESPRISM_INGEST_WORKERS`` if set, else the
-    machine's cores (at most 8) for 8 files or more, else 1 (no pool for a few files)."""
-    stated = os.environ.get("BAYESPRISM_INGEST_WORKERS")
-    if stated:
-        try:
-            return max(1, int(stated))
-        except ValueError:
-            raise InputError(Problem("BAYESPRISM_INGEST_WORKERS", "", "must be a whole "
-                                     "number of processes", example=stated)) from None
-    return min(os.cpu_count() or 1, 8) if files >= 8 else 1
+    """Processes that read files at once, from ``BAYESPRISM_INGEST_WORKERS``: a number, or
+    ``auto`` (the machine's cores, at most 8, for 8 files or more; what the CLI sets). Unset:
+    1, since worker processes are spawned and re-import the caller's main module, which a
+    script without an ``if __name__ == "__main__":`` guard would run again."""
+    stated = os.environ.get("BAYESPRISM_INGEST_WORKERS", "1").strip().lower()
+    if stated == "auto":
+        return min(os.cpu_count() or 1, 8) if files >= 8 else 1
+    try:
+        return max(1, int(stated))
+    except ValueError:
+        raise InputError(Problem("BAYESPRISM_INGEST_WORKERS", "", "must be a whole number of "
+                                 "processes or 'auto'", example=stated)) from None
 
 
 def _read_in_order(tasks: list[tuple]) -> Iterator[tuple]:
