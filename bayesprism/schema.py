@@ -123,6 +123,31 @@ def signature_as_kernel(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def codes_and_labels(values: pd.Series, missing: str | None = None) -> tuple[np.ndarray, list]:
+    """Integer codes of a column and the labels they index, without per-row strings.
+
+    Missing values get code -1, or, with ``missing``, a label of their own (appended).
+    Categories come back as strings, other values as Python scalars.
+
+    Examples
+    --------
+    >>> codes, labels = codes_and_labels(pd.Series(["a", None, "b", "a"]), missing="nan")
+    >>> codes.tolist(), labels
+    ([0, 2, 1, 0], ['a', 'b', 'nan'])
+    """
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        codes = values.cat.codes.to_numpy().astype(np.int64)
+        labels: list = [str(c) for c in values.cat.categories]
+    else:
+        codes, uniques = pd.factorize(values)
+        codes = codes.astype(np.int64)
+        labels = [u.item() if hasattr(u, "item") else u for u in uniques]
+    if missing is not None and (codes < 0).any():
+        codes = np.where(codes < 0, len(labels), codes)
+        labels.append(missing)
+    return codes, labels
+
+
 def empty_attrs() -> dict:
     """Fresh run metadata with the current schema version."""
     return {"schema_version": SCHEMA_VERSION, "runs": {}, "skipped": {}, "notes": []}

@@ -41,7 +41,7 @@ from bayesprism.ingest.groups import (
     rank_coordinates,
     rank_dimensions,
 )
-from bayesprism.schema import COLLECTIVE_CLASSES
+from bayesprism.schema import COLLECTIVE_CLASSES, codes_and_labels
 
 #: Separates the fields of a place key (never in a kernel name).
 KEY_SEP = "\x1f"
@@ -50,25 +50,16 @@ TAIL_CLASSES = ("optimizer",)
 ROLE_DTYPE = pd.CategoricalDtype(list(ROLES))
 
 
-def _codes(values: pd.Series) -> tuple[np.ndarray, list[str]]:
-    """Integer codes (-1 for missing) and the labels they index, without per-row strings."""
-    if isinstance(values.dtype, pd.CategoricalDtype):
-        return values.cat.codes.to_numpy().astype(np.int64), [str(c) for c in
-                                                              values.cat.categories]
-    codes, uniques = pd.factorize(values)
-    return codes.astype(np.int64), [str(u) for u in uniques]
-
-
 def _usage(df: pd.DataFrame) -> dict[str, GroupUsage]:
     """What the rank runs on each of its groups, and how early in the step."""
-    pg_codes, pg_names = _codes(df["process_group"])
+    pg_codes, pg_names = codes_and_labels(df["process_group"])
     mask = pg_codes >= 0
     if not mask.any():
         return {}
     order_in_step = df.groupby("step", sort=False).cumcount().to_numpy()
     size_of_step = df.groupby("step", sort=False)["step"].transform("size").to_numpy()
     early = order_in_step < 0.5 * size_of_step
-    class_codes, class_names = _codes(df["kernel_class"])
+    class_codes, class_names = codes_and_labels(df["kernel_class"])
     out = {}
     for code in np.unique(pg_codes[mask]):
         rows = pg_codes == code
@@ -197,11 +188,11 @@ def annotate_rank(df: pd.DataFrame, *, groups: dict[str, Group], rank: int,
         "size_provenance": {dim: min(provenance[name] for name, d in dimension.items()
                                      if d == dim) for dim in sizes},
     }
-    pg_codes, pg_names = _codes(df["process_group"])
+    pg_codes, pg_names = codes_and_labels(df["process_group"])
     role_of_group = np.array([DIMENSION_ROLE.get(dimension.get(str(p))) for p in pg_names]
                              + [None], dtype=object)
     role = role_of_group[pg_codes]
-    class_codes, class_names = _codes(df["kernel_class"])
+    class_codes, class_names = codes_and_labels(df["kernel_class"])
     coll = np.isin(np.asarray(class_names, dtype=object)[np.maximum(class_codes, 0)],
                    COLLECTIVE_CLASSES) & (class_codes >= 0)
     size = df["group_size"].astype("float64").to_numpy(na_value=np.nan)
@@ -222,9 +213,10 @@ def annotate_rank(df: pd.DataFrame, *, groups: dict[str, Group], rank: int,
         _label_pipeline(df, step, chunk, is_op, kinds, role, coords["pp_stage"], sizes["pp"],
                         layout)
 
-    kernel_code, kernel_names = _codes(df["kernel"])
+    kernel_code, kernel_names = codes_and_labels(df["kernel"])
     # The chunk's phase joins its content: a forward and a backward may launch the same names
-    phase_code = _codes(df["phase"])[0] + 1 if "phase" in df else np.zeros(n, dtype=np.int64)
+    phase_code = (codes_and_labels(df["phase"])[0] + 1 if "phase" in df
+                  else np.zeros(n, dtype=np.int64))
     kind = _chunk_kinds(step, chunk, kernel_code * 16 + phase_code % 16)
     stage = coords.get("pp_stage", 0)
     launch_code, launch_names = pd.factorize(launch)

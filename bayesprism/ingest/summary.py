@@ -9,19 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-
-def _codes(values: pd.Series) -> tuple[np.ndarray, list]:
-    """Non-negative integer codes and the labels they index (categorical or not; missing
-    values get a label of their own)."""
-    if isinstance(values.dtype, pd.CategoricalDtype):
-        codes = values.cat.codes.to_numpy().astype(np.int64)
-        labels = [str(c) for c in values.cat.categories]
-        if (codes < 0).any():
-            codes = np.where(codes < 0, len(labels), codes)
-            labels.append("nan")
-        return codes, labels
-    codes, uniques = pd.factorize(values, use_na_sentinel=False)
-    return codes.astype(np.int64), [u.item() if hasattr(u, "item") else u for u in uniques]
+from bayesprism.schema import codes_and_labels
 
 
 class SummaryAccumulator:
@@ -44,14 +32,14 @@ class SummaryAccumulator:
             return
         self.rows += len(df)
         # distinct (run, x) pairs from integer codes: no per-row strings
-        run_codes, run_labels = _codes(df["run"])
+        run_codes, run_labels = codes_and_labels(df["run"], missing="nan")
         for column, target in (("rank", self._ranks), ("node", self._nodes),
                                ("step", self._steps)):
-            codes, labels = _codes(df[column])
+            codes, labels = codes_and_labels(df[column], missing="nan")
             pairs = np.unique(run_codes * (len(labels) + 1) + codes)
             target.update((run_labels[p // (len(labels) + 1)], labels[p % (len(labels) + 1)])
                           for p in pairs)
-        class_codes, class_labels = _codes(df["kernel_class"])
+        class_codes, class_labels = codes_and_labels(df["kernel_class"], missing="nan")
         duration = df["duration_us"].to_numpy(dtype=np.float64)
         count = np.bincount(class_codes, minlength=len(class_labels))
         total = np.bincount(class_codes, weights=duration, minlength=len(class_labels))
