@@ -150,7 +150,8 @@ class _Shared:
     """Step-shared quantities, shape (D, R)."""
 
     step_log: np.ndarray  # ls * w
-    stage_f_us: np.ndarray  # stage collectives per micro-batch, forward
+    # (D, R, pp) each stage's own collectives and pipeline transfers per micro-batch, forward
+    stage_f_us: np.ndarray
     stage_b_us: np.ndarray
     p2p_us: np.ndarray
     dp_us: np.ndarray  # exposed data-parallel communication per step
@@ -186,7 +187,7 @@ class _Streams:
 def rank_law(model: PlanModel) -> RankLaw:
     """The per-draw law of a rank's log-multiplier of a plan model (for the fast path)."""
     return RankLaw(model.loading["node"], model.loading["gpu"], model.loading["gpustep"],
-                   model.resid_mu, model.resid_sd, model.gpus_per_node)
+                   model.resid_mu, model.resid_sd, model.gpus_per_node, model.gpustep_slow)
 
 
 def _draw_shared(model: PlanModel, replicates: int, rng: np.random.Generator) -> _Shared:
@@ -195,7 +196,7 @@ def _draw_shared(model: PlanModel, replicates: int, rng: np.random.Generator) ->
     kinds = sorted({c.kind for c in model.comms})
     eta = {kind: rng.standard_normal((d, r)) for kind in kinds}
     totals = {key: np.zeros((d, r)) for key in ("stage", "p2p", "dp", "fallback")}
-    per_stage = np.zeros((d, r, model.plan.pp))
+    per_stage = {key: np.zeros((d, r, model.plan.pp)) for key in ("stage", "dp")}
     for term in model.comms:
         xi = rng.standard_normal((d, r))
         factor = np.exp(
@@ -206,22 +207,24 @@ def _draw_shared(model: PlanModel, replicates: int, rng: np.random.Generator) ->
         if term.stage is None:
             totals[term.where] += term.det_us[:, None] * factor
         else:
-            per_stage[..., term.stage] += term.det_us[:, None] * factor
+            per_stage[term.where][..., term.stage] += term.det_us[:, None] * factor
     return _shared_of(model, model.loading["step"][:, None] * w, totals, per_stage)
 
 
-def _shared_of(model: PlanModel, step_log: np.ndarray, totals: dict, per_stage: np.ndarray
+def _shared_of(model: PlanModel, step_log: np.ndarray, totals: dict, per_stage: dict
                ) -> _Shared:
+    """Totals per step (D, R) and per stage (D, R, pp) of every kind of traffic -> _Shared."""
     m = model.plan.microbatches
     exposed = 1.0 - float(model.plan.overlap)
+    stage_mb = (totals["stage"][..., None] + per_stage["stage"]) / (2.0 * m)
     return _Shared(
         step_log=step_log,
-        stage_f_us=totals["stage"] / (2.0 * m),
-        stage_b_us=totals["stage"] / (2.0 * m),
+        stage_f_us=stage_mb,
+        stage_b_us=stage_mb,
         p2p_us=totals["p2p"],
         dp_us=exposed * totals["dp"],
         fallback_us=totals["fallback"],
-        dp_stage_us=exposed * per_stage,
+        dp_stage_us=exposed * per_stage["dp"],
     )
 
 
@@ -333,8 +336,10 @@ def _stage_times(model: PlanModel, shared: _Shared, multiplier: np.ndarray, sl):
     per_stage = (-1,) + (1,) * (ndim - 2) + (model.fwd_us.shape[-1],)
     fwd = model.fwd_us[sl].reshape(per_stage)
     bwd = model.bwd_us[sl].reshape(per_stage)
-    comm_f = shared.stage_f_us[sl].reshape(shared.stage_f_us[sl].shape + (1,) * (ndim - 2))
-    comm_b = shared.stage_b_us[sl].reshape(shared.stage_b_us[sl].shape + (1,) * (ndim - 2))
+    # (n, R, pp) -> (n, R, 1 ..., pp) against multipliers (n, R, ..., pp)
+    comm_shape = shared.stage_f_us[sl].shape[:2] + (1,) * (ndim - 3) + (model.plan.pp,)
+    comm_f = shared.stage_f_us[sl].reshape(comm_shape)
+    comm_b = shared.stage_b_us[sl].reshape(comm_shape)
     f = (fwd * multiplier + comm_f) / v
     if model.plan.schedule == "zero-bubble":
         return f, (0.5 * bwd * multiplier + comm_b) / v, 0.5 * bwd * multiplier / v
@@ -393,17 +398,18 @@ def _fast(model, posterior, schedule, shared, replicates, streams, log_cap):
     top = max(1, min(TOP_REPLICAS, n_nodes))  # slowest nodes placed explicitly
     sets = max(1, plan.dp // plan.ep)  # independent (groups of) replicas
     n_rep = min(top, sets)  # replicas simulated
-    ln, lg, lgs = model.loading["node"], model.loading["gpu"], model.loading["gpustep"]
+    ln, lg = model.loading["node"], model.loading["gpu"]
 
     # one cluster per posterior draw: the slowest nodes' order-statistic uniforms are
     # correlated over replicates by the persistent share of a rank's log-multiplier
     # variance (Gaussian copula), so the same nodes tend to be slowest in every step
+    law = rank_law(model)
     persistent_var = ln**2 + lg**2
-    share = persistent_var / np.maximum(persistent_var + lgs**2 + model.resid_sd**2, 1e-300)
+    share = persistent_var / np.maximum(persistent_var + law.transient_variance(), 1e-300)
     share = np.sqrt(share)[:, None, None]
     z = share * streams.order.standard_normal((d, 1, top)) + np.sqrt(1.0 - share**2) * (
         streams.order.standard_normal((d, r, top)))
-    slowest = top_node_log_multipliers(rank_law(model), posterior, n_nodes, r, top,
+    slowest = top_node_log_multipliers(law, posterior, n_nodes, r, top,
                                        streams.order, uniforms=special.ndtr(z))
 
     # ordinary stage groups of q consecutive ranks (redrawn per replicate); with expert
@@ -480,12 +486,12 @@ def _schedule_for(model: PlanModel, typical_model: PlanModel) -> Schedule:
 
 def _typical_shared(model: PlanModel) -> _Shared:
     totals = {key: np.zeros((model.draws, 1)) for key in ("stage", "p2p", "dp", "fallback")}
-    per_stage = np.zeros((model.draws, 1, model.plan.pp))
+    per_stage = {key: np.zeros((model.draws, 1, model.plan.pp)) for key in ("stage", "dp")}
     for term in model.comms:
         if term.stage is None:
             totals[term.where] += term.det_us[:, None]
         else:
-            per_stage[..., term.stage] += term.det_us[:, None]
+            per_stage[term.where][..., term.stage] += term.det_us[:, None]
     return _shared_of(model, np.zeros((model.draws, 1)), totals, per_stage)
 
 
@@ -533,14 +539,13 @@ def _assemble(model, shared, schedule, finish, mean_mult, max_mult, idle, ideal_
     per_mb = (model.fwd_us + model.bwd_us).mean(axis=-1)[:, None]  # the mean stage's rank
     compute_us = (m * per_mb + model.opt_us[:, None]) * mean_mult
     compute_us = compute_us + mean_idle[:, None]
-    exposed_us = (m * (shared.stage_f_us + shared.stage_b_us) + after
+    stage_comm_us = (shared.stage_f_us + shared.stage_b_us).mean(axis=-1)  # the mean stage's
+    exposed_us = (m * stage_comm_us + after
                   + shared.dp_stage_us.mean(axis=-1))
     uniform = np.broadcast_to(mean_mult[..., None], (*mean_mult.shape, model.plan.pp))
     f, b, w = _stage_times(model, shared, uniform, slice(None))
     makespan = pipeline_finish(schedule, f, b, w, shared.p2p_us).max(axis=-1)
-    busy = m * per_mb * mean_mult + m * (
-        shared.stage_f_us + shared.stage_b_us
-    )
+    busy = m * per_mb * mean_mult + m * stage_comm_us
     bubble_us = np.maximum(makespan - busy, 0.0)
     wait_us = step_us - compute_us - exposed_us - bubble_us
     return StepDraws(

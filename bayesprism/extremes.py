@@ -1,8 +1,10 @@
 """Order statistics of the slowest nodes of a large cluster, without drawing every node.
 
 A rank's log-multiplier is ``T = ln*u + lg*v + lgs*z + rho`` (node effect u and GPU effect v
-from the posterior's populations, ``bayesprism.population``; z and rho normal). A node's
-slowest GPU gives ``Y = ln*u + M`` with ``M = max over its GPUs of e``, ``e = lg*v + N(mu, sd^2)``.
+from the posterior's populations, ``bayesprism.population``; rho normal, z normal or, under an
+episode population, a two-component normal mixture: a share of GPU-steps shifted and wider).
+A node's slowest GPU gives ``Y = ln*u + M`` with ``M = max over its GPUs of e``,
+``e = lg*v + lgs*z + rho``.
 With N independent new nodes the maximum has CDF ``F^N``: a uniform U maps to the x with
 ``P(Y > x) = 1 - U^(1/N)``, and the next order statistics follow those of uniforms,
 ``F(x_i) = F(x_(i-1)) U_i^(1/(N-i+1))``. ``F`` is computed per posterior draw: the wider of
@@ -35,10 +37,29 @@ class RankLaw:
     resid_mu: np.ndarray
     resid_sd: np.ndarray
     gpus_per_node: int
+    # GPU x step episodes (weight, shift, sd of z in an episode), or None: z standard normal
+    episode: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def draws(self) -> int:
         return int(self.node.shape[0])
+
+    def transient_components(self, rows=slice(None)) -> list[tuple[np.ndarray, ...]]:
+        """Normal components (weight, mean, sd) of the transient ``lgs*z + rho`` per draw."""
+        lgs, mu, rs = self.gpustep[rows], self.resid_mu[rows], self.resid_sd[rows]
+        core = np.sqrt(lgs**2 + rs**2)
+        if self.episode is None:
+            return [(np.ones_like(mu), mu, core)]
+        weight, shift, sd = (a[rows] for a in self.episode)
+        return [(1.0 - weight, mu, core),
+                (weight, mu + lgs * shift, np.sqrt((lgs * sd) ** 2 + rs**2))]
+
+    def transient_variance(self) -> np.ndarray:
+        """Variance of the transient ``lgs*z + rho`` per draw (of the mixture, episodes
+        included)."""
+        components = self.transient_components()
+        mean = sum(w * mu for w, mu, _ in components)
+        return sum(w * (sd**2 + (mu - mean) ** 2) for w, mu, sd in components)
 
 
 _GH_X, _GH_W = np.polynomial.hermite_e.hermegauss(16)
@@ -125,7 +146,17 @@ def population_params(posterior, level: str, loading: np.ndarray) -> dict:
         raise InputError(Problem("posterior", f"{level}_population", str(exc))) from None
 
 
-def _gpu_term_sf(y, lg, transient_sd, mu, gpu_params):
+def _gpu_term_sf(y, lg, components, gpu_params):
+    """P(e > y) for e = lg*v + a transient, a mixture of normal ``components`` (weight, mean,
+    sd) per draw; y has shape (D, ...)."""
+    out = np.zeros(y.shape)
+    shape = (-1,) + (1,) * (y.ndim - 1)
+    for weight, mu, sd in components:
+        out += weight.reshape(shape) * _gpu_normal_sf(y, lg, sd, mu, gpu_params)
+    return out
+
+
+def _gpu_normal_sf(y, lg, transient_sd, mu, gpu_params):
     """P(e > y) for e = lg*v + N(mu, transient_sd^2), per draw; y has shape (D, ...)."""
     shape = (-1,) + (1,) * (y.ndim - 1)
     lg, sd, mu = (a.reshape(shape) for a in (lg, transient_sd, mu))
@@ -233,18 +264,25 @@ class _NodeMaxLaw:
         gpn = law.gpus_per_node
         self.ln = law.node[rows]
         lg = law.gpu[rows]
-        sd = np.sqrt(law.gpustep[rows] ** 2 + law.resid_sd[rows] ** 2)
-        mu = law.resid_mu[rows]
+        components = law.transient_components(rows)
         self.node_params = _subset_params(populations.node, rows)
         gpu_params = _subset_params(populations.gpu, rows)
-        spread = np.maximum(np.sqrt(lg**2 + sd**2), 1e-12)
-        self.y_lo, self.y_hi = mu - 9.0 * spread, mu + 12.0 * spread
+        # the widest component decides which part stays in closed form; every component's
+        # range is covered
+        widest = np.max([sd for _, _, sd in components], axis=0)
+        spread = np.maximum(np.sqrt(lg**2 + widest**2), 1e-12)
+        width = [np.maximum(np.sqrt(lg**2 + sd**2), 1e-12) for _, _, sd in components]
+        self.y_lo = np.min([c[1] - 9.0 * w for c, w in zip(components, width, strict=True)],
+                           axis=0)
+        self.y_hi = np.max([c[1] + 12.0 * w for c, w in zip(components, width, strict=True)],
+                           axis=0)
         if gpu_params["family"] != "normal":
             v = populations.gpu_range[rows]
-            self.y_lo = np.minimum(self.y_lo, mu + lg * v[:, 0] - 9.0 * sd)
-            self.y_hi = np.maximum(self.y_hi, mu + lg * v[:, 1] + 9.0 * sd)
+            for _, mu, sd in components:
+                self.y_lo = np.minimum(self.y_lo, mu + lg * v[:, 0] - 9.0 * sd)
+                self.y_hi = np.maximum(self.y_hi, mu + lg * v[:, 1] + 9.0 * sd)
         y = self.y_lo[:, None] + (self.y_hi - self.y_lo)[:, None] * np.linspace(0.0, 1.0, 768)
-        sf_e = np.clip(_gpu_term_sf(y, lg, sd, mu, gpu_params), 0.0, 1.0 - 1e-16)
+        sf_e = np.clip(_gpu_term_sf(y, lg, components, gpu_params), 0.0, 1.0 - 1e-16)
         self.log_sf_m = np.log(np.maximum(-np.expm1(gpn * np.log1p(-sf_e)), 1e-300))
         self.q, self.weights = _tail_quadrature(n_new)
         self.u_closed = self.ln >= spread

@@ -28,21 +28,25 @@ Notation: the traced plan (``inventory.attrs["traced_plan"]``) is ``dp0, tp0, pp
 * ``optimizer`` kernels run once per step on the rank's parameter shard:
   ``work * tp0*pp0 / (tp*pp)``, divided further by ``dp*cp`` under zero1/zero2/fsdp sharding
   (and multiplied by the traced ``dp0*cp0`` if the traced run was sharded).
-* Collectives with the cost model (``posterior.attrs["collective_model"]``), by ``role``:
-  ``tp`` (group ``tp``), ``cp`` (group ``cp``) and ``ep`` (all-to-all, group ``ep``) keep their
-  launches per layer: ``launches_per_step * pp0 / (m0 * pp)`` per micro-batch, half in the
-  forward, half in the backward, message bytes ``* cp0/cp`` (tokens per rank); they block the
-  stage's compute. ``pp`` send/recv: one per micro-batch per stage boundary and direction,
-  bytes ``* cp0/cp``. ``dp``: the traced gradient bytes per rank (AllReduce + ReduceScatter
-  launches) are the parameters of a ``tp0*pp0`` shard, so the target sends
-  ``bytes * tp0*pp0 / (tp*pp)`` in as many buckets as traced, over a group of ``dp*cp``:
-  ``none`` AllReduce; ``zero1``/``zero2`` ReduceScatter + AllGather of the updated parameters;
-  ``fsdp`` ReduceScatter + two parameter AllGathers (forward and backward, parameters kept
-  across micro-batches). ``overlap`` hides that fraction of the data-parallel time.
-  Roles the traced run lacks are synthesised only from the plan's ``activation_bytes``
-  (TP: 4 AllReduces per layer, needs ``layers``; PP: one send/recv) or ``gradient_bytes``
-  (DP, 25 MB buckets); otherwise they are left out with a ``PlanWarning``.
-  ReduceScatter/AllGather without fitted cost parameters use the AllReduce parameters.
+* Collectives with the cost model (``posterior.attrs["collective_model"]``), by ``role``: ``tp``
+  (group ``tp``), ``cp`` (group ``cp``) and ``ep`` (all-to-all, group ``ep``) keep their launches
+  per layer: ``launches_per_step * pp0 / (m0 * pp)`` per micro-batch, half in the forward, half in
+  the backward, message bytes ``* cp0/cp`` (tokens per rank); they block the stage's compute. ``pp``
+  send/recv: one per micro-batch per stage boundary and direction, bytes ``* cp0/cp``, a delay on
+  every edge between stages. When the target keeps the traced ``tp, pp, cp`` and the inventory says
+  which stage each rank ran, every stage instead keeps its own traced launches of these collectives
+  (the last stage runs more TP collectives), and its pipeline transfers occupy its own stream (part
+  of its forward and backward, no edge delay): in the 1F1B steady state the bottleneck stage pays
+  its transfers once per micro-batch, which an edge delay hides. ``dp``: the traced gradient bytes
+  per rank (AllReduce + ReduceScatter launches) are the parameters of a ``tp0*pp0`` shard, so the
+  target sends ``bytes * tp0*pp0 / (tp*pp)`` in as many buckets as traced, over a group of
+  ``dp*cp``: ``none`` AllReduce; ``zero1``/``zero2`` ReduceScatter + AllGather of the updated
+  parameters; ``fsdp`` ReduceScatter + two parameter AllGathers (forward and backward, parameters
+  kept across micro-batches). ``overlap`` hides that fraction of the data-parallel time. Roles the
+  traced run lacks are synthesised only from the plan's ``activation_bytes`` (TP: 4 AllReduces per
+  layer, needs ``layers``; PP: one send/recv) or ``gradient_bytes`` (DP, 25 MB buckets); otherwise
+  they are left out with a ``PlanWarning``. ReduceScatter/AllGather without fitted cost parameters
+  use the AllReduce parameters.
 * A group spans nodes (inter tier) when its rank span exceeds ``gpus_per_node``; ranks are
   ordered tp fastest, then cp, dp, pp (Megatron), node = rank // gpus_per_node.
 * GPU idle time inside a traced step (host work, launch gaps): a random quantity per rank,
@@ -541,7 +545,8 @@ class CommTerm:
     noise_mean_log: np.ndarray  # (D,)
     noise_sd_log: np.ndarray  # (D,)
     congestion_sd: np.ndarray  # (D,)
-    stage: int | None = None  # the pipeline stage whose traffic it is ("dp"), None: every stage
+    # the pipeline stage whose own traffic it is ("dp", "stage"), None: every stage
+    stage: int | None = None
 
 
 @dataclass
@@ -634,7 +639,8 @@ def build_plan_model(
     opt_stage = np.zeros((draws, pp))
     # fixed-group collectives replayed from their fitted per-signature transfer
     replayed: set[str] = set()
-    replayed_stage: list[tuple[str, np.ndarray]] = []
+    # (class, total per step, the stage whose own traffic it is or None for every stage)
+    replayed_stage: list[tuple[str, np.ndarray, int | None]] = []
     replayed_p2p: list[np.ndarray] = []
     # work-weighted sums for the effective loadings and the residual moments
     weight_sum = np.zeros(draws)
@@ -654,10 +660,17 @@ def build_plan_model(
                 and getattr(plan, role) == traced[role] and cp == cp0
                 and (role != "pp" or pp == pp0)):
             typical_us = np.exp(per_draw(median_kernels[name])) * resid_moments(cls)[0]
-            if role == "pp":
+            count = m * per_mb_launch_factor
+            if by_stage:
+                # each stage's own launches (the last stage runs more TP collectives; its
+                # pipeline transfers occupy its stream once per micro-batch, and the
+                # bottleneck stage's occupancy is what the steady state pays)
+                replayed_stage.extend((cls, stage_launches[k, s] * count * typical_us, s)
+                                      for s in range(pp))
+            elif role == "pp":
                 replayed_p2p.append(typical_us)  # one transfer between neighbouring stages
             else:
-                replayed_stage.append((cls, launches[k] * m * per_mb_launch_factor * typical_us))
+                replayed_stage.append((cls, launches[k] * count * typical_us, None))
             replayed.add(role)
             continue
         if is_coll and cls in modelled and role in (*COMM_ROLES, "global"):
@@ -774,7 +787,16 @@ def build_plan_model(
     if pp > 1 and "pp" not in replayed:
         rows = role_rows["pp"]
         tier = "inter" if tp * cp * plan.dp >= gpn else "intra"
-        if rows:
+        if rows and by_stage:
+            # each transfer occupies the stream of the stage that sends or receives it: the
+            # stage's own traced transfers per step, part of its busy time (in the steady
+            # state the bottleneck stage pays them once per micro-batch), no edge latency
+            for k in rows:
+                size = float(np.nan_to_num(nbytes[k]))
+                comm_specs.extend(("sendrecv", "stage", 2, size,
+                                   stage_launches[k, s] * m * per_mb_launch_factor, tier, s)
+                                  for s in range(pp))
+        elif rows:
             size = float(np.nanmean([nbytes[k] for k in rows])) * traced["cp"] / cp
             comm_specs.append(("sendrecv", "p2p", 2, size, 1.0, tier, None))
         elif plan.activation_bytes:
@@ -843,8 +865,8 @@ def build_plan_model(
     zeros = np.zeros(draws)
     for cls, det in fallback:
         comms.append(CommTerm(cls, "fallback", det, zeros, zeros, zeros))
-    for cls, det in replayed_stage:
-        comms.append(CommTerm(cls, "stage", det, zeros, zeros, zeros))
+    for cls, det, stage in replayed_stage:
+        comms.append(CommTerm(cls, "stage", det, zeros, zeros, zeros, stage))
     if replayed_p2p:
         comms.append(CommTerm("sendrecv", "p2p", np.mean(replayed_p2p, axis=0), zeros, zeros,
                               zeros))

@@ -51,3 +51,46 @@ def test_composed_transients_hold_the_episodes():
                              ParallelPlan(dp=8, gpus_per_node=8))
     assert (_transient(plain, np.random.default_rng(0), slice(None),
                        (plain.draws, 20_000)) > 0.05).mean() < 1e-3
+
+
+EPISODES = {"gpustep_slow_weight": 0.002, "gpustep_slow_shift": 10.0, "gpustep_slow_sd": 1.0}
+
+
+def test_fast_path_maximum_holds_the_episodes_of_every_gpu_step():
+    """The slowest node of N new nodes in a step, by order statistics, has the law of the
+    maximum over all N*8 GPUs of the episode mixture (brute force over the same mixture)."""
+    from bayesprism.composition import rank_law
+    from bayesprism.extremes import top_node_log_multipliers
+    from bayesprism.plan import ParallelPlan
+    from bayesprism.workload import build_plan_model
+
+    n_nodes, scale = 256, 0.01
+    post = gemm_only(draws=200, scales={"gpustep": {"gemm": scale}}, population_params=EPISODES)
+    model = build_plan_model(post, ParallelPlan(dp=n_nodes * 8))
+    top = top_node_log_multipliers(rank_law(model), post, n_nodes, 10, 1,
+                                   np.random.default_rng(2))[..., 0].ravel()
+    gpus = n_nodes * 8
+    w, shift, sd = 0.002, 10.0, 1.0
+
+    def cdf(x):
+        z = x / scale
+        return ((1 - w) * stats.norm.cdf(z) + w * stats.norm.cdf(z, shift, sd)) ** gpus
+
+    assert stats.kstest(top, cdf).pvalue > 0.01
+    # with ~4 episodes among 2,048 GPU-steps the slowest GPU is nearly always in one
+    assert np.median(top) > 8.0 * scale
+
+
+def test_fast_path_agrees_with_exact_under_episodes():
+    from posterior_builders import quiet_compose
+
+    from bayesprism.plan import ParallelPlan
+
+    post = gemm_only(draws=200, scales={"gpustep": {"gemm": 0.01}, "node": {"gemm": 0.01}},
+                     population_params=EPISODES)
+    plan = ParallelPlan(dp=64, tp=8, pp=4, microbatches=8)
+    exact = quiet_compose(post, plan, replicates=8, rng=np.random.default_rng(3), exact=True)
+    fast = quiet_compose(post, plan, replicates=8, rng=np.random.default_rng(3), exact=False)
+    levels = [0.05, 0.5, 0.95]
+    np.testing.assert_allclose(np.quantile(fast.step_time_s, levels),
+                               np.quantile(exact.step_time_s, levels), rtol=0.01)

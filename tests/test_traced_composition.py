@@ -49,6 +49,40 @@ def test_each_stage_runs_its_own_traced_work():
     assert _step_us(flat, target) == pytest.approx(1350.0)
 
 
+def test_each_stage_waits_for_its_own_collectives():
+    # as above, with a tensor-parallel all-gather (50 µs fitted transfer) that only stage 1
+    # runs, once a micro-batch: stage 1 forward 200 + 25, backward 400 + 25.
+    #   s0 F [0,100] [100,200]; s1 F [100,325] [325,550]; s1 B [550,975] [975,1400];
+    #   s0 B [975,1175] [1400,1600]  -> 1600 µs
+    # (spread over both stages, 12.5 µs each way on each, it would be 1575 µs)
+    kernels = {"a": {"class": "gemm", "launches": 1.0, "log_median": np.log(300.0)},
+               "b": {"class": "gemm", "launches": 1.0, "log_median": np.log(600.0)},
+               "ag [tp]": {"class": "allgather", "role": "tp", "launches": 1.0,
+                           "log_median": np.log(50.0), "bytes": 1e6, "group": 2.0}}
+    plan = {"pp": 2, "tp": 2, "microbatches": 2}
+    post = kernel_posterior(kernels, traced_plan=plan, gpus_per_node=4, traced_ranks=4)
+    post = _staged(post, [0, 0, 1, 1], [[2.0, 2.0, 0.0, 0.0], [0.0, 0.0, 2.0, 2.0],
+                                        [0.0, 0.0, 2.0, 2.0]])
+    target = ParallelPlan(pp=2, tp=2, microbatches=2, schedule="gpipe", gpus_per_node=4)
+    assert _step_us(post, target) == pytest.approx(1600.0)
+
+
+def test_pipeline_transfers_occupy_their_stages():
+    # as above, with pipeline send/recv (fitted transfer 20 µs) launched twice a step on each
+    # stage: h = 10 µs more in every forward and backward, no edge delay.
+    #   s0 F ends 110, 220; s1 F 320, 530; s1 B 940, 1350; s0 B 1160, 1560  -> 1560 µs
+    # (as a 20 µs delay on every edge between the stages: 1540 µs)
+    kernels = {"a": {"class": "gemm", "launches": 1.0, "log_median": np.log(300.0)},
+               "b": {"class": "gemm", "launches": 1.0, "log_median": np.log(600.0)},
+               "sr [pp]": {"class": "sendrecv", "role": "pp", "launches": 2.0,
+                           "log_median": np.log(20.0), "bytes": 1e6, "group": 2.0}}
+    plan = {"pp": 2, "microbatches": 2}
+    post = kernel_posterior(kernels, traced_plan=plan, gpus_per_node=2, traced_ranks=2)
+    post = _staged(post, [0, 1], [[2.0, 0.0], [0.0, 2.0], [2.0, 2.0]])
+    target = ParallelPlan(pp=2, microbatches=2, schedule="gpipe", gpus_per_node=2)
+    assert _step_us(post, target) == pytest.approx(1560.0)
+
+
 def _tp_job(**cost):
     kernels = {"g": {"class": "gemm", "launches": 4.0, "log_median": np.log(100.0)},
                "ag [tp]": {"class": "allgather", "role": "tp", "launches": 4.0,

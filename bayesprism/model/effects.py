@@ -190,9 +190,7 @@ def unit_level(level: str, prepared, spec: ModelSpec, estimate=None, resolution=
     scale = pm.HalfNormal(f"{level}_scale_ref", spec.prior("level_scale")) if centred_level \
         else 1.0
     if centred_level and resolution is not None:
-        floor = SCALE_FLOOR * float(resolution)
-        pm.Potential(f"{level}_scale_floor",
-                     2.0 * pt.log(scale) - pt.log(pt.square(scale) + floor**2))
+        soft_scale_floor(level, scale, resolution)
     split = (not nested and centred_level and family == "degraded"
              and unit_estimate is not None)
     if split:
@@ -249,6 +247,17 @@ def _noncentred_loading(level: str, spec: ModelSpec):
     import pymc as pm
 
     return pm.HalfNormal(f"{level}_scale", spec.prior("level_scale"), dims="kernel_class")
+
+
+def soft_scale_floor(level: str, scale, resolution: float) -> None:
+    """Multiply the prior of a population ``scale`` by s² / (s² + r²), r = :data:`SCALE_FLOOR`
+    × ``resolution`` (the standard error with which the data resolve one unit): spreads the
+    data cannot tell apart from zero are not explored down to zero."""
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    floor = SCALE_FLOOR * float(resolution)
+    pm.Potential(f"{level}_scale_floor", 2.0 * pt.log(scale) - pt.log(pt.square(scale) + floor**2))
 
 
 def class_scales(name: str, scale_ref, prepared):

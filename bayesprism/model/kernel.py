@@ -50,9 +50,10 @@ from bayesprism import collectives as coll
 from bayesprism.errors import InputError, Problem
 from bayesprism.model import PreparedData
 from bayesprism.model.cells import aggregate_cells
-from bayesprism.model.effects import class_scales, segment_sum, unit_level
+from bayesprism.model.effects import class_scales, segment_sum, soft_scale_floor, unit_level
 from bayesprism.model.rows import row_likelihood
 from bayesprism.model.start import (
+    gpustep_resolution,
     kernel_baseline_se,
     robust_unit_effects,
     unit_effect_estimates,
@@ -779,6 +780,11 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     gpustep = gpustep_ref = None
     if "gpustep" in attrs["levels"]:
         gpustep_ref = pm.HalfNormal("gpustep_scale_ref", spec.prior("level_scale"))
+        if spec.population("gpustep") == "degraded":
+            # episodes are defined relative to the core: with a core scale below what one
+            # GPU-step's launches resolve, the sampler wanders off to a zero core (measured on
+            # the dev traces: R-hat 1.87, ESS 3); the floor of a degraded unit population
+            soft_scale_floor("gpustep", gpustep_ref, gpustep_resolution(d))
         gpustep = class_scales("gpustep", gpustep_ref, prepared)
 
     beta_per_gpustep = gpu_part[d["gpustep_gpu"]] + step_part[d["gpustep_step"]]

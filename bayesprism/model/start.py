@@ -149,6 +149,22 @@ def robust_unit_effects(data: dict, level: str) -> np.ndarray:
     return _medians(dev, unit, int(unit_of_gpu.max()) + 1)
 
 
+def _gpustep_se(data: dict, block_n: np.ndarray, block_r: np.ndarray) -> np.ndarray:
+    """Standard error of each GPU-step's mean log residual from its own launches."""
+    cell_block = data["cell_gpustep"]
+    spread = np.bincount(cell_block, weights=data["cell_ss"] + data["cell_n"] * (
+        data["cell_dev"] - block_r[cell_block]) ** 2, minlength=block_n.size)
+    return np.sqrt(spread) / np.maximum(block_n, 1)
+
+
+def gpustep_resolution(data: dict) -> float:
+    """The standard error with which one GPU-step's effect is resolved by its own launches
+    (median over GPU-steps with launches; log units)."""
+    block_n, block_r = _block_residuals(data)
+    within = _gpustep_se(data, block_n, block_r)
+    return max(float(np.median(within[block_n > 0])), MIN_SE)
+
+
 def unit_resolution(data: dict, levels: list[str]) -> dict[str, float]:
     """Per level, the standard error with which the data resolve one unit's effect (median
     over its units; log units).
@@ -167,10 +183,7 @@ def unit_resolution(data: dict, levels: list[str]) -> dict[str, float]:
     per_step = 1.4826 * _medians(dev, step, n_step)
     enough = np.bincount(step, minlength=n_step) >= 3
     between = np.where(enough, np.maximum(per_step, MIN_SE), pooled)[step]
-    cell_block = data["cell_gpustep"]
-    spread = np.bincount(cell_block, weights=data["cell_ss"] + data["cell_n"] * (
-        data["cell_dev"] - block_r[cell_block]) ** 2, minlength=block_n.size)
-    within = np.sqrt(spread[used]) / block_n[used]
+    within = _gpustep_se(data, block_n, block_r)[used]
     weight = 1.0 / np.maximum(between, within) ** 2
     out = {}
     for level in levels:
