@@ -9,7 +9,9 @@ with ring-algorithm factors (NCCL's default for large messages): an AllReduce mo
 ``p-1`` steps (``b`` is the full, gathered buffer), AllToAll ``(p-1)/p`` in ``p-1`` steps,
 Broadcast the buffer once in ``p-1`` pipelined steps, and SendRecv the buffer once in one step.
 ``bandwidth_gbps`` is therefore NCCL's *bus* bandwidth. A group that spans more than one node
-uses the inter-node tier's parameters. Works on scalars and NumPy arrays alike.
+uses the inter-node tier's parameters, whose bandwidth the fit and the forecast scale by
+``(nodes / 2)^-γ`` with the nodes the group spans (``coll_fabric_exponent``,
+``bayesprism.model.kernel``). Works on scalars and NumPy arrays alike.
 """
 
 from __future__ import annotations

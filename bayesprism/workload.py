@@ -386,6 +386,7 @@ class PosteriorArrays:
     log_median: dict  # kernel -> (D,)
     class_scale: dict  # (level, kernel class) -> (D,), levels of LEVELS and "resid"
     coll_cost: dict  # (variable, collective, tier) -> (D,)
+    fabric_exponent: np.ndarray | None  # (D,) γ of the inter-node bandwidth, None: not fitted
     coll_spread: dict  # (variable, collective) -> (D,): coll_noise, coll_congestion
     idle: IdleLaw
     # kernel class -> (resid_slow_weight, resid_slow_shift, resid_slow_sd), each (D,): the slow
@@ -437,6 +438,27 @@ def posterior_arrays(posterior: xr.DataTree) -> PosteriorArrays:
     arrays = _extract_arrays(posterior)
     _ARRAYS[key] = (fingerprint, arrays)
     return arrays
+
+
+def _fabric_exponent(posterior: xr.DataTree, group: xr.Dataset, costed: bool
+                     ) -> np.ndarray | None:
+    """γ per draw (inter-node bandwidth times (nodes / 2)^-γ): fitted, or, where the fit saw no
+    group spanning more than two nodes, its half-normal prior (stratified quantiles in a fixed
+    shuffled order, independent of the other parameters); None without a cost model."""
+    if "coll_fabric_exponent" in group:
+        return flat_draws(group["coll_fabric_exponent"])
+    if not costed:
+        return None
+    from scipy import special
+
+    from bayesprism.spec import DEFAULT_PRIORS, ModelSpec
+
+    stored = posterior.attrs.get("spec")
+    scale = (ModelSpec.from_dict(json.loads(stored)).prior("fabric_exponent") if stored
+             else DEFAULT_PRIORS["fabric_exponent"])
+    draws = group.sizes["chain"] * group.sizes["draw"]
+    level = (np.random.default_rng(draws).permutation(draws) + 0.5) / draws
+    return scale * special.ndtri(0.5 + 0.5 * level)
 
 
 def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
@@ -501,6 +523,7 @@ def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
         log_median=log_median,
         class_scale=class_scale,
         coll_cost=coll_cost,
+        fabric_exponent=_fabric_exponent(posterior, group, bool(modelled)),
         coll_spread=coll_spread,
         idle=_traced_idle_law(group, inventory, modelled, traced["gpus_per_node"]),
     )
@@ -650,9 +673,7 @@ def build_plan_model(
     fallback: list[tuple[str, np.ndarray]] = []
     skipped: list[str] = []
     fallback_names: list[str] = []
-    # (collective kind, where, group size, bytes per launch, launches per step, tier, stage:
-    # the pipeline stage whose traffic it is, None for every stage[, algorithm: ring if absent])
-    comm_specs: list[tuple[str, str, int, float, float, str, int | None]] = []
+    comm_specs: list[CommSpec] = []
 
     for k, (name, cls, role) in enumerate(zip(kernels, classes, roles, strict=True)):
         is_coll = cls in collectives.COLLECTIVE_CLASSES
@@ -734,8 +755,12 @@ def build_plan_model(
     resid_sd = np.sqrt(s2)
 
     # ---- collectives with the cost model
-    def span_tier(span: int) -> str:
-        return "inter" if span > gpn else "intra"
+    def placed(span: int, degree: int) -> dict:
+        """Tier and nodes spanned of a group of ``degree`` ranks spread evenly over ``span``
+        consecutive ranks."""
+        if span <= gpn:
+            return {"tier": "intra", "nodes": 1}
+        return {"tier": "inter", "nodes": min(int(degree), math.ceil(span / gpn))}
 
     role_rows = {
         r: [
@@ -758,9 +783,9 @@ def build_plan_model(
             for k in rows:
                 size = float(group_sizes[k]) if np.isfinite(group_sizes[k]) else 2.0
                 count = launches[k] * per_mb_launch_factor * m
-                tier = span_tier(int(size))
                 nbytes_k = float(np.nan_to_num(nbytes[k]))
-                comm_specs.append((classes[k], "stage", int(size), nbytes_k, count, tier, None))
+                comm_specs.append(CommSpec(classes[k], "stage", int(size), nbytes_k, count,
+                                           **placed(int(size), int(size))))
             continue
         if degree == 1:
             continue
@@ -768,14 +793,12 @@ def build_plan_model(
             for k in rows:
                 count = launches[k] * per_mb_launch_factor * m
                 size = nbytes[k] * traced["cp"] / cp if np.isfinite(nbytes[k]) else 0.0
-                comm_specs.append((classes[k], "stage", degree, size, count, span_tier(span),
-                                   None))
+                comm_specs.append(CommSpec(classes[k], "stage", degree, size, count,
+                                           **placed(span, degree)))
         elif role == "tp" and plan.activation_bytes and plan.layers:
             count = 4.0 * plan.layers / pp * m
-            comm_specs.append(
-                ("allreduce", "stage", tp, plan.activation_bytes / cp, count, span_tier(span),
-                 None)
-            )
+            comm_specs.append(CommSpec("allreduce", "stage", tp, plan.activation_bytes / cp,
+                                       count, **placed(span, tp)))
         else:
             warnings.warn(
                 f"{plan.name}: the traced run has no {role.upper()} collectives and the "
@@ -786,22 +809,24 @@ def build_plan_model(
             )
     if pp > 1 and "pp" not in replayed:
         rows = role_rows["pp"]
-        tier = "inter" if tp * cp * plan.dp >= gpn else "intra"
+        # neighbouring stages are tp*cp*dp ranks apart: two nodes once that is a node or more
+        hop = ({"tier": "inter", "nodes": 2} if tp * cp * plan.dp >= gpn
+               else {"tier": "intra", "nodes": 1})
         if rows and by_stage:
             # each transfer occupies the stream of the stage that sends or receives it: the
             # stage's own traced transfers per step, part of its busy time (in the steady
             # state the bottleneck stage pays them once per micro-batch), no edge latency
             for k in rows:
                 size = float(np.nan_to_num(nbytes[k]))
-                comm_specs.extend(("sendrecv", "stage", 2, size,
-                                   stage_launches[k, s] * m * per_mb_launch_factor, tier, s)
-                                  for s in range(pp))
+                comm_specs.extend(CommSpec("sendrecv", "stage", 2, size,
+                                           stage_launches[k, s] * m * per_mb_launch_factor,
+                                           stage=s, **hop) for s in range(pp))
         elif rows:
             size = float(np.nanmean([nbytes[k] for k in rows])) * traced["cp"] / cp
-            comm_specs.append(("sendrecv", "p2p", 2, size, 1.0, tier, None))
+            comm_specs.append(CommSpec("sendrecv", "p2p", 2, size, 1.0, **hop))
         elif plan.activation_bytes:
-            comm_specs.append(("sendrecv", "p2p", 2, plan.activation_bytes / cp, 1.0, tier,
-                               None))
+            comm_specs.append(CommSpec("sendrecv", "p2p", 2, plan.activation_bytes / cp, 1.0,
+                                       **hop))
         else:
             warnings.warn(
                 f"{plan.name}: the traced run has no pipeline send/recv and the plan "
@@ -830,7 +855,7 @@ def build_plan_model(
                     stacklevel=3,
                 )
         if grad_bytes > 0:
-            tier = span_tier(tp * cp * plan.dp)
+            group = placed(tp * cp * plan.dp, dp_group)
             kinds = {
                 "none": ["allreduce"],
                 "zero1": ["reducescatter", "allgather"],
@@ -840,13 +865,14 @@ def build_plan_model(
             per_stage = _stage_gradients(arrays, rows) if by_stage else None
             if per_stage is None:
                 for kind in kinds:
-                    comm_specs.append((kind, "dp", dp_group, grad_bytes / buckets, buckets,
-                                       tier, None))
+                    comm_specs.append(CommSpec(kind, "dp", dp_group, grad_bytes / buckets,
+                                               buckets, **group))
             else:  # each stage's own gradients, after its own last backward
                 for stage, (stage_bytes, stage_buckets) in enumerate(per_stage):
                     for kind in kinds:
-                        comm_specs.append((kind, "dp", dp_group, stage_bytes / stage_buckets,
-                                           stage_buckets, tier, stage))
+                        comm_specs.append(CommSpec(kind, "dp", dp_group,
+                                                   stage_bytes / stage_buckets, stage_buckets,
+                                                   stage=stage, **group))
 
     # collectives of the whole job (a global gradient-norm all-reduce): after the pipeline,
     # over every rank of the target
@@ -855,9 +881,10 @@ def build_plan_model(
                 and classes[k] in collectives.COLLECTIVE_CLASSES):
             # a tiny all-reduce (a gradient norm) runs NCCL's tree when the trace says so:
             # log2 latency steps, not the ring's 2(p - 1), which at 10^4 ranks is seconds
-            comm_specs.append((classes[k], "dp", plan.gpus, float(np.nan_to_num(nbytes[k])),
-                               launches[k], span_tier(plan.gpus), None,
-                               collectives.algorithm_of(kernels[k])))
+            comm_specs.append(CommSpec(classes[k], "dp", plan.gpus,
+                                       float(np.nan_to_num(nbytes[k])), launches[k],
+                                       algorithm=collectives.algorithm_of(kernels[k]),
+                                       **placed(plan.gpus, plan.gpus)))
 
     law = arrays.idle
     idle_var = np.zeros((draws, len(law.roles))) if typical else law.var
@@ -900,8 +927,25 @@ def sync_group(plan: ParallelPlan, role: str) -> int:
     return int(groups.get(role, plan.gpus))
 
 
-def _comm_term(arrays: PosteriorArrays, spec, per_draw, typical: bool, cluster: Cluster | None):
-    kind, where, size, nbytes, count, tier, stage, *algorithm = spec
+@dataclass(frozen=True)
+class CommSpec:
+    """One kind of collective traffic of the target plan, before costing."""
+
+    kind: str  # collective class
+    where: str  # as CommTerm.where
+    size: int  # ranks in the group
+    nbytes: float  # bytes per launch
+    count: float  # launches per step
+    tier: str  # "intra" or "inter"
+    nodes: int = 1  # nodes the group spans (the fabric exponent's argument)
+    stage: int | None = None  # as CommTerm.stage
+    algorithm: str = "ring"
+
+
+def _comm_term(arrays: PosteriorArrays, spec: CommSpec, per_draw, typical: bool,
+               cluster: Cluster | None):
+    kind, where, size, nbytes, count = spec.kind, spec.where, spec.size, spec.nbytes, spec.count
+    tier, stage = spec.tier, spec.stage
     if not arrays.coll_cost:
         raise InputError(
             Problem(
@@ -923,14 +967,15 @@ def _comm_term(arrays: PosteriorArrays, spec, per_draw, typical: bool, cluster: 
         )
     latency = per_draw(arrays.coll_cost[("coll_latency_us", source, tier)])
     bandwidth = per_draw(arrays.coll_cost[("coll_bandwidth_gbps", source, tier)])
-    if cluster is not None and cluster.tiers and tier in cluster.tiers:
-        override = cluster.tiers[tier]
-        if "latency_us" in override:
-            latency = np.full_like(latency, float(override["latency_us"]))
-        if "bandwidth_gbps" in override:
-            bandwidth = np.full_like(bandwidth, float(override["bandwidth_gbps"]))
-    one = collectives.transfer_time_us(kind, size, nbytes, latency, bandwidth,
-                                       algorithm[0] if algorithm else "ring")
+    override = cluster.tiers.get(tier, {}) if cluster is not None and cluster.tiers else {}
+    if "latency_us" in override:
+        latency = np.full_like(latency, float(override["latency_us"]))
+    if "bandwidth_gbps" in override:  # the link as stated, at the target's scale
+        bandwidth = np.full_like(bandwidth, float(override["bandwidth_gbps"]))
+    elif tier == "inter" and arrays.fabric_exponent is not None:
+        # rings over more nodes: bus bandwidth times (nodes / 2)^-γ (bayesprism.model.kernel)
+        bandwidth = bandwidth * (max(spec.nodes, 2) / 2.0) ** -per_draw(arrays.fabric_exponent)
+    one = collectives.transfer_time_us(kind, size, nbytes, latency, bandwidth, spec.algorithm)
     draws = one.shape[0]
 
     def scalar(name: str) -> np.ndarray:

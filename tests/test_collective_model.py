@@ -18,12 +18,13 @@ COLUMNS = ["run", "step", "rank", "node", "gpu", "kernel", "kernel_class", "dura
 
 def collective_table(sizes, *, latency, bandwidth, steps=8, launches=20, noise=0.02,
                      congestion=0.01, seed=0, run="job", kind="allreduce",
-                     gpus_per_node=8) -> pd.DataFrame:
+                     gpus_per_node=8, fabric=0.0) -> pd.DataFrame:
     """Transfers of one collective from the ring cost model with known parameters.
 
     ``sizes``: (group size, bytes) pairs; ``latency``/``bandwidth``: per tier (0 intra, 1 inter,
-    a group larger than ``gpus_per_node`` is inter). Each step shifts all transfers by one
-    shared congestion draw; each launch has lognormal noise.
+    a group larger than ``gpus_per_node`` is inter, its bandwidth times
+    ``(nodes / 2)^-fabric``). Each step shifts all transfers by one shared congestion draw;
+    each launch has lognormal noise.
     """
     rng = np.random.default_rng(seed)
     rows = []
@@ -31,7 +32,9 @@ def collective_table(sizes, *, latency, bandwidth, steps=8, launches=20, noise=0
         shift = congestion * rng.standard_normal()
         for p, nbytes in sizes:
             tier = int(p > gpus_per_node)
-            t_us = coll.transfer_time_us(kind, p, nbytes, latency[tier], bandwidth[tier])
+            nodes = max(2.0, np.ceil(p / gpus_per_node)) if tier else 2.0
+            t_us = coll.transfer_time_us(kind, p, nbytes, latency[tier],
+                                         bandwidth[tier] * (nodes / 2.0) ** -fabric)
             for _ in range(launches):
                 t = t_us * np.exp(shift + noise * rng.standard_normal())
                 rows.append((run, step, 0, "n00", 0, f"nccl:{kind}", kind, t * 1.2, t,
@@ -133,6 +136,25 @@ def test_recovers_latency_and_bandwidth_of_both_tiers():
     assert float(post["coll_noise"].mean()) == pytest.approx(0.03, rel=0.1)
     r_hat, ess, divergences = _convergence(
         tree, ["coll_latency_us", "coll_bandwidth_gbps", "coll_noise", "coll_congestion"])
+    assert r_hat <= 1.01 and ess >= 200 and divergences == 0
+
+
+def test_recovers_how_inter_node_bandwidth_falls_with_the_nodes_spanned():
+    # an nccl-tests-like sweep over 2-32 nodes whose bus bandwidth falls as (n / 2)^-0.1
+    truth_lat, truth_bw, truth_fabric = (4.0, 15.0), (300.0, 40.0), 0.1
+    sizes = [(p, b) for p in (8, 16, 32, 64, 128, 256) for b in (1e6, 1e8, 1e9)]
+    table = collective_table(sizes, latency=truth_lat, bandwidth=truth_bw, steps=8,
+                             launches=3, noise=0.03, congestion=0.02, seed=5,
+                             fabric=truth_fabric)
+    spec = ModelSpec()
+    tree = _sample(build(prepare([table], spec), spec), seed=5)
+    post = tree.posterior
+    fabric = post["coll_fabric_exponent"].to_numpy()
+    assert float(fabric.mean()) == pytest.approx(truth_fabric, abs=0.01)
+    bw = post["coll_bandwidth_gbps"].sel(collective="allreduce", tier="inter")
+    assert float(bw.mean()) == pytest.approx(truth_bw[1], rel=0.05)
+    r_hat, ess, divergences = _convergence(
+        tree, ["coll_latency_us", "coll_bandwidth_gbps", "coll_fabric_exponent"])
     assert r_hat <= 1.01 and ess >= 200 and divergences == 0
 
 

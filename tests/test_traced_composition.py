@@ -10,7 +10,7 @@ from posterior_builders import kernel_posterior, quiet_compose, tiny_kernel_tabl
 
 from bayesprism import collectives
 from bayesprism.inventory import traced_plan
-from bayesprism.plan import ParallelPlan
+from bayesprism.plan import Cluster, ParallelPlan
 
 
 def _staged(post, stage_of_rank, launches_by_rank):
@@ -140,3 +140,37 @@ def test_a_tree_all_reduce_grows_with_log2_of_the_ranks():
     post = kernel_posterior(kernels, traced_plan={"dp": 8}, gpus_per_node=8)
     step = _step_us(post, ParallelPlan(dp=1024, gpus_per_node=8))
     assert step == pytest.approx(1000.0 + 20 * 10.0 + 4.0 * 2 * 1023 / 1024 / (25.0 * 1e3))
+
+
+def test_inter_node_bandwidth_falls_with_the_nodes_a_ring_spans():
+    # a 1 GB gradient all-reduce over data-parallel replicas of one GPU per node: at 8 nodes
+    # the fitted inter-node bandwidth (25 GB/s) times (8 / 2)^-0.1; a stated link overrides it
+    kernels = {"g": {"class": "gemm", "launches": 1.0, "log_median": np.log(1000.0)},
+               "ar [dp]": {"class": "allreduce", "role": "dp", "launches": 1.0,
+                           "log_median": np.log(10.0), "bytes": 1e9, "group": 2.0}}
+    post = kernel_posterior(kernels, traced_plan={"dp": 2}, gpus_per_node=1)
+    group = post["posterior"].to_dataset()
+    shape = (group.sizes["chain"], group.sizes["draw"])
+    post["posterior"] = group.assign(coll_fabric_exponent=(("chain", "draw"),
+                                                           np.full(shape, 0.1)))
+    plan = ParallelPlan(dp=8, gpus_per_node=1)
+    bandwidth = 25.0 * 4.0**-0.1
+    expected = 1000.0 + collectives.transfer_time_us("allreduce", 8, 1e9, 10.0, bandwidth)
+    assert _step_us(post, plan) == pytest.approx(expected)
+    stated = Cluster(gpus_per_node=1, tiers={"inter": {"bandwidth_gbps": 25.0}})
+    assert _step_us(post, plan, cluster=stated) == pytest.approx(
+        1000.0 + collectives.transfer_time_us("allreduce", 8, 1e9, 10.0, 25.0))
+
+
+def test_an_unfitted_fabric_exponent_keeps_its_prior():
+    # no group of the fit spanned more than two nodes: γ per draw from its half-normal prior
+    from bayesprism.spec import DEFAULT_PRIORS
+    from bayesprism.workload import posterior_arrays
+
+    kernels = {"g": {"class": "gemm", "launches": 1.0, "log_median": np.log(1000.0)},
+               "ar [dp]": {"class": "allreduce", "role": "dp", "launches": 1.0,
+                           "log_median": np.log(10.0), "bytes": 1e9, "group": 2.0}}
+    gamma = posterior_arrays(kernel_posterior(kernels, draws=2000)).fabric_exponent
+    scale = DEFAULT_PRIORS["fabric_exponent"]
+    assert np.mean(gamma) == pytest.approx(scale * np.sqrt(2.0 / np.pi), rel=0.01)
+    assert np.quantile(gamma, 0.95) == pytest.approx(scale * 1.96, rel=0.02)

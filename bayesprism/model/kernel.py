@@ -168,26 +168,29 @@ FIXED_GROUP_ROLES: tuple[str, ...] = ("tp", "cp", "ep")
 
 
 def _collective_rows(t: pd.DataFrame, classes: np.ndarray, class_labels: list[str]
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Collective rows, those usable by the cost model, and every row's tier.
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Collective rows, those usable by the cost model, every row's tier and nodes spanned.
 
     A row is usable with a positive ``transfer_us`` and ``bytes`` and ``group_size >= 2``. Its
     tier is inter-node (1) when its group has more ranks than a node of its run has GPUs
     (``gpus_per_node`` of the run metadata, else the largest local GPU index + 1), or when its
     ``process_group`` has rows from several nodes in this table; else intra-node (0). The
     ``role`` column is not used: a pipeline send/recv pair of ``group_size`` 2 is inter-node
-    when its process group's rows come from two nodes.
+    when its process group's rows come from two nodes. The nodes a row's group spans are
+    the larger of ``ceil(group_size / gpus_per_node)`` and its process group's nodes in this
+    table (a data-parallel group of one GPU per node spans as many nodes as it has ranks).
 
     Returns
     -------
-    (is_collective, usable, tier)
-        Boolean masks and integer tiers, one per row.
+    (is_collective, usable, tier, nodes)
+        Boolean masks, integer tiers and nodes spanned (at least 1), one per row.
     """
     n = len(t)
     # Look up per class code, never per row: 10^7 string comparisons cost seconds.
     is_coll = np.array([c in coll.COLLECTIVE_CLASSES for c in class_labels] + [False])[classes]
     if not {"transfer_us", "bytes", "group_size"} <= set(t.columns):
-        return is_coll, np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64)
+        return (is_coll, np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64),
+                np.ones(n, dtype=np.int64))
     transfer = pd.to_numeric(t["transfer_us"], errors="coerce").to_numpy(dtype=float)
     nbytes = pd.to_numeric(t["bytes"], errors="coerce").to_numpy(dtype=float)
     group = pd.to_numeric(t["group_size"], errors="coerce").to_numpy(dtype=float)
@@ -197,6 +200,7 @@ def _collective_rows(t: pd.DataFrame, classes: np.ndarray, class_labels: list[st
     gpu = t["gpu"].to_numpy(dtype=np.int64)
     per_node = _gpus_per_node(t, run_codes, run_labels, gpu)
     tier = (np.nan_to_num(group, nan=1.0) > per_node).astype(np.int64)
+    nodes = np.maximum(np.ceil(np.nan_to_num(group, nan=1.0) / per_node), 1.0).astype(np.int64)
     named = usable & t["process_group"].notna().to_numpy() if "process_group" in t.columns \
         else np.zeros(n, dtype=bool)
     if named.any():
@@ -212,7 +216,8 @@ def _collective_rows(t: pd.DataFrame, classes: np.ndarray, class_labels: list[st
             .to_numpy()
         )
         tier[named] = np.maximum(tier[named], (spans > 1).astype(np.int64))
-    return is_coll, usable, tier
+        nodes[named] = np.maximum(nodes[named], spans)
+    return is_coll, usable, tier, nodes
 
 
 def _factorize(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -247,12 +252,14 @@ def prepare_kernel(
     glob = {c: _global_codes(parts[c]) for c in parts}
     class_labels_all = glob["kernel_class"][1]
 
-    coll_usable, coll_tier, is_coll = [], [], []
+    coll_usable, coll_tier, coll_nodes, is_coll = [], [], [], []
     for i, t in enumerate(tables):
-        ic, usable, tier = _collective_rows(t, glob["kernel_class"][0][i], class_labels_all)
+        ic, usable, tier, nodes = _collective_rows(t, glob["kernel_class"][0][i],
+                                                   class_labels_all)
         is_coll.append(ic)
         coll_usable.append(usable if ring else np.zeros(len(t), dtype=bool))
         coll_tier.append(tier)
+        coll_nodes.append(nodes)
     cls_all = np.concatenate(glob["kernel_class"][0])
     usable_all = np.concatenate(coll_usable)
     modelled = sorted({class_labels_all[c] for c in np.unique(cls_all[usable_all])})
@@ -313,8 +320,8 @@ def prepare_kernel(
             if "transfer_us" in t.columns else np.full(len(t), np.nan) for t in tables
         ]))
         _prepare_collectives(
-            tables, usable_all, np.concatenate(coll_tier), cls_all, class_labels_all, modelled,
-            run_all, step_all, transfer, glob, coords, data, summary,
+            tables, usable_all, np.concatenate(coll_tier), np.concatenate(coll_nodes), cls_all,
+            class_labels_all, modelled, run_all, step_all, transfer, glob, coords, data, summary,
         )
     attrs["collective_model"] = modelled
     if not kernel_rows.any() and not modelled:
@@ -550,17 +557,18 @@ def _cabinet_of_node(tables, node_ids, node_labels, notes):
     return np.array([idx[lookup[n]] for n in names], dtype=np.int64), cab_labels
 
 
-def _prepare_collectives(tables, usable, tier, cls_all, class_labels_all, modelled, run_all,
-                         step_all, log_transfer, glob, coords, data, summary) -> None:
+def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all, modelled,
+                         run_all, step_all, log_transfer, glob, coords, data, summary) -> None:
     """Cells of the collectives' log transfer times and the cost model's reference points.
 
-    Cells are (collective, tier, algorithm, group size, bytes, step); the ``coll_cell_*`` arrays
-    carry the cost factors of each (ring, or log2 latency steps for an all-reduce whose NCCL
-    kernel names a tree algorithm). Every observed (collective, tier) *pair* gets a reference
-    point, the geometric mean of its cells' latency steps and bus bytes, where
-    :func:`_collective_part` places its coordinates; ``coll_cell_log_latency_rel`` /
-    ``coll_cell_log_bytes_rel`` are the cells' latency steps and bus bytes relative to that point
-    (log). ``coll_cell_scale`` indexes the
+    Cells are (collective, tier, algorithm, group size, nodes spanned, bytes, step); the
+    ``coll_cell_*`` arrays carry the cost factors of each (ring, or log2 latency steps for an
+    all-reduce whose NCCL kernel names a tree algorithm). Every observed (collective, tier)
+    *pair* gets a reference point, the geometric mean of its cells' latency steps and bus bytes,
+    where :func:`_collective_part` places its coordinates; ``coll_cell_log_latency_rel`` /
+    ``coll_cell_log_bytes_rel`` are the cells' latency steps and bus bytes relative to that
+    point (log); ``coll_cell_log_nodes_rel`` is log(nodes / 2) of inter-node cells (0 for
+    intra-node ones), the argument of the fabric exponent. ``coll_cell_scale`` indexes the
     noise and congestion scales: the collective's, or for cells of benchmark runs of a
     collective the job also shows, the ``coll_benchmarked`` ones after them.
     """
@@ -574,6 +582,7 @@ def _prepare_collectives(tables, usable, tier, cls_all, class_labels_all, modell
     coll_index = {class_labels_all.index(c): j for j, c in enumerate(modelled)}
     j = np.array([coll_index[c] for c in cls_all[idx]], dtype=np.int64)
     p_codes, p_vals = _factorize(group)
+    n_codes, n_vals = _factorize(nodes[idx].astype(float))
     b_codes, b_vals = _factorize(nbytes)
     s_codes, s_keys = _factorize(run_all[idx] * (int(step_all[idx].max()) + 1) + step_all[idx])
     # The algorithm NCCL names in the kernel (``..._TREE_LL``: log2 latency steps), looked up
@@ -583,9 +592,10 @@ def _prepare_collectives(tables, usable, tier, cls_all, class_labels_all, modell
                              + [0], dtype=np.int64)
     alg = alg_of_kernel[np.concatenate(glob["kernel"][0])[idx]]
     cells = aggregate_cells(
-        {"coll": j, "tier": tier[idx], "alg": alg, "p": p_codes, "b": b_codes, "s": s_codes},
+        {"coll": j, "tier": tier[idx], "alg": alg, "p": p_codes, "n": n_codes, "b": b_codes,
+         "s": s_codes},
         {"coll": len(modelled), "tier": 2, "alg": len(algorithms), "p": len(p_vals),
-         "b": len(b_vals), "s": len(s_keys)},
+         "n": len(n_vals), "b": len(b_vals), "s": len(s_keys)},
         log_transfer[idx],
     )
     cj, ct = cells.codes["coll"], cells.codes["tier"]
@@ -645,6 +655,8 @@ def _prepare_collectives(tables, usable, tier, cls_all, class_labels_all, modell
         "coll_cell_pair": pair, "coll_cell_scale": scale, "coll_cell_benchmark": cell_bench,
         "coll_cell_log_latency_rel": np.log(lat_steps / ref_steps[pair]),
         "coll_cell_log_bytes_rel": np.log(b * bw_factor / ref_factor[pair]),
+        "coll_cell_log_nodes_rel": np.where(
+            ct == 1, np.log(np.maximum(n_vals[cells.codes["n"]], 2.0) / 2.0), 0.0),
         "coll_cell_algorithm": cells.codes["alg"],
         "coll_pair_collective": pair_coll, "coll_pair_tier": pair_tier,
         "coll_pair_latency_steps": ref_steps, "coll_pair_bytes_factor": ref_factor,
@@ -1096,6 +1108,12 @@ def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
     parameters: this is a change of coordinates, not of model. A tier never observed is the
     observed one times the prior ratio, sampled. Noise and the per-step congestion (integrated
     out in closed form) are as before.
+
+    Fabric: an inter-node group spanning ``n`` nodes moves its bytes at the tier's bandwidth
+    times ``(n / 2)^-γ`` (``coll_fabric_exponent``, one for the whole network, half-normal
+    prior): rings over more nodes cross more switches and share more links, so bus bandwidth
+    falls with the nodes spanned (nccl-tests sweeps over node counts pin γ; a trace of one
+    group size leaves it to its prior, and forecasts at many more nodes carry that).
     """
     import pymc as pm
     import pytensor.tensor as pt
@@ -1164,9 +1182,13 @@ def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
         congestion = pt.concatenate([congestion, pm.HalfNormal(
             "coll_bench_congestion", spec.prior("coll_congestion"), dims="coll_benchmarked")])
 
+    log_bytes_rel = d["coll_cell_log_bytes_rel"]
+    if np.any(d["coll_cell_log_nodes_rel"] > 0):  # else the prior alone (bayesprism.workload)
+        fabric = pm.HalfNormal("coll_fabric_exponent", spec.prior("fabric_exponent"))
+        log_bytes_rel = log_bytes_rel + fabric * d["coll_cell_log_nodes_rel"]
     j = d["coll_cell_scale"]
     mu = log_time[pair] + pt.logaddexp(log_share[pair] + d["coll_cell_log_latency_rel"],
-                                       log_rest[pair] + d["coll_cell_log_bytes_rel"])
+                                       log_rest[pair] + log_bytes_rel)
     n, mean, ss = d["coll_cell_n"], d["coll_cell_mean"], d["coll_cell_ss"]
     var = noise[j] ** 2
     logp = pt.sum(-0.5 * n * np.log(2.0 * np.pi) - n * pt.log(noise[j])
