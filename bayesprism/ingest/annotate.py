@@ -138,13 +138,15 @@ def launch_config(grid: list, block: list) -> np.ndarray:
             return "x".join(str(v) for v in value)
         return "" if value is None else str(value)
 
-    # hash the values once per row, format the few distinct ones
-    keys = pd.Series([(tuple(g) if g.__class__ is list else g,
-                       tuple(b) if b.__class__ is list else b)
-                      for g, b in zip(grid, block, strict=True)], dtype=object)
-    codes, uniques = pd.factorize(keys)
+    # hash the values once per row (a dict: faster than factorizing a Series of tuples),
+    # format the few distinct ones
+    distinct: dict[tuple, int] = {}
+    codes = np.fromiter(
+        (distinct.setdefault((tuple(g) if g.__class__ is list else g,
+                              tuple(b) if b.__class__ is list else b), len(distinct))
+         for g, b in zip(grid, block, strict=True)), dtype=np.int64, count=len(grid))
     labels = np.array(["" if g is None and b is None else f"{text(g)}/{text(b)}"
-                       for g, b in uniques], dtype=object)
+                       for g, b in distinct], dtype=object)
     return labels[codes]
 
 

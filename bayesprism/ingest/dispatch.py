@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from bayesprism.errors import IngestWarning, InputError, Problem, TraceFormatError
+from bayesprism.ingest.files import paused_gc
 from bayesprism.ingest.joblayout import reconcile_layout
 from bayesprism.ingest.layout import check_layout, report_with_layout
 from bayesprism.ingest.signatures import SignatureStats, apply_signatures, signature_map
@@ -386,11 +387,11 @@ def read_file(reader: Callable, path: Path, options: dict) -> tuple:
     """``(table, report, problems)`` of one file: bad input comes back as problems (so a
     worker process can return it), anything else raises."""
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), paused_gc():
             # Collected as notes and re-emitted once per distinct message after the loop.
             warnings.simplefilter("ignore", IngestWarning)
             df, report = _call_reader(reader, path, options)
-        return validate_table(df, source=str(path)), report, []
+            return validate_table(df, source=str(path)), report, []
     except InputError as exc:
         return None, None, [p if isinstance(p, Problem) else Problem(str(path), "", str(p))
                             for p in exc.problems]
@@ -524,7 +525,7 @@ def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict |
     signatures = collector.finish()
     raise_problems(collector, bool(frames))
     columns = [c for c in ALL_COLUMNS if any(c in f.columns for f in frames)]
-    df = pd.concat([_to_columns(f, columns) for f in frames], ignore_index=True)
+    df = _concat(frames, columns)
     if signatures and "signature" in df:
         df["signature"] = apply_signatures(df["signature"], signatures)
     coll = collective_mask(df)
@@ -536,6 +537,27 @@ def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict |
     df = validate_table(df, source="trace table")
     df.attrs = attrs
     return df
+
+
+def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    """The files' frames as one table. Categorical columns are joined on the union of their
+    categories (codes remapped), where ``pd.concat`` turns categoricals whose categories
+    differ into strings and back: measured on the 64 dev trace files, 1.7 s of a 12 s read."""
+    from pandas.api.types import union_categoricals
+
+    parts = [_to_columns(f, columns) for f in frames]
+    unioned = {}
+    for col in columns:
+        if all(isinstance(p[col].dtype, pd.CategoricalDtype) for p in parts):
+            try:
+                unioned[col] = union_categoricals([p[col] for p in parts], ignore_order=True)
+            except TypeError:  # categories of different types: pandas' own concat below
+                continue
+    rest = [c for c in columns if c not in unioned]
+    df = pd.concat([p[rest] for p in parts], ignore_index=True)
+    for col, values in unioned.items():
+        df[col] = values
+    return df[columns]
 
 
 def _to_columns(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:

@@ -164,6 +164,21 @@ def _node_of(path: Path, host, devices, rank: int, *, node, gpus_per_node, rank_
     return f"node{rank // gpn}", note, None
 
 
+def _collective_fields(args) -> tuple:
+    """(collective class or None, dtype name or None, bytes or NaN, group size or NaN,
+    process group name or None, collective name) of one collective's profiler args."""
+    spelled = args.dtype
+    name, size = (DTYPES.get(str(spelled).lower(), (str(spelled).lower(), 0))
+                  if spelled is not None else (None, 0))
+    nelems = [v for v in (args.in_nelems, args.out_nelems) if isinstance(v, (int, float))]
+    nbytes = float(max(nelems)) * size if nelems and size else np.nan
+    gs = args.group_size
+    group = float(gs) if isinstance(gs, (int, float)) else np.nan
+    pg = args.process_group
+    return (collective_class(args.collective), name, nbytes, group,
+            None if pg is None else str(pg), args.collective)
+
+
 def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int | None = None,
                 rank_to_node: dict | None = None, run: str | None = None,
                 rank: int | None = None, world_size: int | None = None,
@@ -323,27 +338,33 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
     if is_nccl.any():
         dtype_unique = np.array([_dtype_from_name(u) for u in norm], dtype=object)
         dtype[is_nccl] = dtype_unique[codes[is_nccl]]
-    for i, args in zip(coll_rows, coll_args, strict=True):
-        cls = collective_class(args.collective)
-        if cls is not None and is_nccl[i]:
-            kclass[i] = class_index[cls]
-        spelled = args.dtype
-        if spelled is not None:
-            dtype[i] = DTYPES.get(str(spelled).lower(), (str(spelled).lower(), 0))[0]
-        size = DTYPES.get(str(spelled).lower(), (None, 0))[1] if spelled is not None else 0
-        nelems = [v for v in (args.in_nelems, args.out_nelems) if isinstance(v, (int, float))]
-        if nelems and size:
-            nbytes[i] = float(max(nelems)) * size
-        gs = args.group_size
-        if isinstance(gs, (int, float)):
-            group_size[i] = gs
-        pg = args.process_group
-        if pg is not None:
-            process_group[i] = str(pg)
-            if str(pg) not in kernel_groups and args.process_group_ranks is not None:
+    if coll_rows:
+        # a step repeats the same few collectives: read each distinct set of fields once
+        rows = np.asarray(coll_rows, dtype=np.int64)
+        distinct: dict[tuple, int] = {}
+        key_code = np.fromiter(
+            (distinct.setdefault((a.collective, a.dtype, a.in_nelems, a.out_nelems,
+                                  a.group_size, a.process_group,
+                                  a.process_group_ranks is not None), len(distinct))
+             for a in coll_args), dtype=np.int64, count=len(coll_args))
+        first = np.unique(key_code, return_index=True)[1]
+        fields = [_collective_fields(coll_args[j]) for j in first]
+        cls_code = np.array([-1 if f[0] is None else class_index[f[0]] for f in fields])[key_code]
+        nccl_class = (cls_code >= 0) & is_nccl[rows]
+        kclass[rows[nccl_class]] = cls_code[nccl_class]
+        spelled = np.array([f[1] is not None for f in fields])[key_code]
+        dtype[rows[spelled]] = np.array([f[1] for f in fields], dtype=object)[key_code][spelled]
+        nbytes[rows] = np.array([f[2] for f in fields])[key_code]
+        group_size[rows] = np.array([f[3] for f in fields])[key_code]
+        process_group[rows] = np.array([f[4] for f in fields], dtype=object)[key_code]
+        op_name[rows] = np.array([f[5] for f in fields], dtype=object)[key_code]
+        for j in first:
+            args = coll_args[j]
+            pg = args.process_group
+            if pg is not None and str(pg) not in kernel_groups and \
+                    args.process_group_ranks is not None:
                 kernel_groups[str(pg)] = (str(pg), args.process_group_desc,
                                           args.process_group_ranks)
-        op_name[i] = args.collective
 
     dev = _as_float(device)
     if np.isnan(dev).any():
