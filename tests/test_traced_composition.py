@@ -31,21 +31,35 @@ def _step_us(post, plan, **options) -> float:
     return float(values.flat[0])
 
 
+#: two stages' work: "a" 300 µs a micro-batch on stage 0, "b" 600 µs on stage 1
+TWO_STAGES = {"a": {"class": "gemm", "launches": 1.0, "log_median": np.log(300.0)},
+              "b": {"class": "gemm", "launches": 1.0, "log_median": np.log(600.0)}}
+
+
+def _two_stage_step_us(extra: dict, extra_launches: list, tp: int = 1) -> float:
+    """GPipe step (µs) of :data:`TWO_STAGES` plus ``extra`` kernels, 2 micro-batches, tp
+    ranks a stage; ``extra_launches``: per extra kernel, its launches per step on each rank."""
+    plan = {"pp": 2, "tp": tp, "microbatches": 2}
+    ranks = 2 * tp
+    post = kernel_posterior({**TWO_STAGES, **extra}, traced_plan=plan, gpus_per_node=ranks,
+                            traced_ranks=ranks)
+    stage0 = [2.0] * tp + [0.0] * tp
+    post = _staged(post, [0] * tp + [1] * tp, [stage0, stage0[::-1], *extra_launches])
+    target = ParallelPlan(pp=2, tp=tp, microbatches=2, schedule="gpipe", gpus_per_node=ranks)
+    return _step_us(post, target)
+
+
 def test_each_stage_runs_its_own_traced_work():
     # stage 0 runs "a" (300 µs a micro-batch), stage 1 runs "b" (600 µs): forward 1/3,
     # backward 2/3 of it. GPipe, 2 micro-batches, no transfers:
     #   s0 F [0,100] [100,200]; s1 F [100,300] [300,500]; s1 B [500,900] [900,1300];
     #   s0 B [900,1100] [1300,1500]  -> 1500 µs
     # (with the stages' mean work, 450 µs each, it would be 1350 µs)
-    kernels = {"a": {"class": "gemm", "launches": 1.0, "log_median": np.log(300.0)},
-               "b": {"class": "gemm", "launches": 1.0, "log_median": np.log(600.0)}}
-    plan = {"pp": 2, "microbatches": 2}
-    post = kernel_posterior(kernels, traced_plan=plan, gpus_per_node=2, traced_ranks=2)
-    post = _staged(post, [0, 1], [[2.0, 0.0], [0.0, 2.0]])
-    target = ParallelPlan(pp=2, microbatches=2, schedule="gpipe", gpus_per_node=2)
-    assert _step_us(post, target) == pytest.approx(1500.0)
+    assert _two_stage_step_us({}, []) == pytest.approx(1500.0)
     # without stages in the inventory the stages share the mean work
-    flat = kernel_posterior(kernels, traced_plan=plan, gpus_per_node=2, traced_ranks=2)
+    flat = kernel_posterior(TWO_STAGES, traced_plan={"pp": 2, "microbatches": 2},
+                            gpus_per_node=2, traced_ranks=2)
+    target = ParallelPlan(pp=2, microbatches=2, schedule="gpipe", gpus_per_node=2)
     assert _step_us(flat, target) == pytest.approx(1350.0)
 
 
@@ -55,16 +69,9 @@ def test_each_stage_waits_for_its_own_collectives():
     #   s0 F [0,100] [100,200]; s1 F [100,325] [325,550]; s1 B [550,975] [975,1400];
     #   s0 B [975,1175] [1400,1600]  -> 1600 µs
     # (spread over both stages, 12.5 µs each way on each, it would be 1575 µs)
-    kernels = {"a": {"class": "gemm", "launches": 1.0, "log_median": np.log(300.0)},
-               "b": {"class": "gemm", "launches": 1.0, "log_median": np.log(600.0)},
-               "ag [tp]": {"class": "allgather", "role": "tp", "launches": 1.0,
-                           "log_median": np.log(50.0), "bytes": 1e6, "group": 2.0}}
-    plan = {"pp": 2, "tp": 2, "microbatches": 2}
-    post = kernel_posterior(kernels, traced_plan=plan, gpus_per_node=4, traced_ranks=4)
-    post = _staged(post, [0, 0, 1, 1], [[2.0, 2.0, 0.0, 0.0], [0.0, 0.0, 2.0, 2.0],
-                                        [0.0, 0.0, 2.0, 2.0]])
-    target = ParallelPlan(pp=2, tp=2, microbatches=2, schedule="gpipe", gpus_per_node=4)
-    assert _step_us(post, target) == pytest.approx(1600.0)
+    gather = {"ag [tp]": {"class": "allgather", "role": "tp", "launches": 1.0,
+                          "log_median": np.log(50.0), "bytes": 1e6, "group": 2.0}}
+    assert _two_stage_step_us(gather, [[0.0, 0.0, 2.0, 2.0]], tp=2) == pytest.approx(1600.0)
 
 
 def test_pipeline_transfers_occupy_their_stages():
@@ -72,15 +79,9 @@ def test_pipeline_transfers_occupy_their_stages():
     # stage: h = 10 µs more in every forward and backward, no edge delay.
     #   s0 F ends 110, 220; s1 F 320, 530; s1 B 940, 1350; s0 B 1160, 1560  -> 1560 µs
     # (as a 20 µs delay on every edge between the stages: 1540 µs)
-    kernels = {"a": {"class": "gemm", "launches": 1.0, "log_median": np.log(300.0)},
-               "b": {"class": "gemm", "launches": 1.0, "log_median": np.log(600.0)},
-               "sr [pp]": {"class": "sendrecv", "role": "pp", "launches": 2.0,
-                           "log_median": np.log(20.0), "bytes": 1e6, "group": 2.0}}
-    plan = {"pp": 2, "microbatches": 2}
-    post = kernel_posterior(kernels, traced_plan=plan, gpus_per_node=2, traced_ranks=2)
-    post = _staged(post, [0, 1], [[2.0, 0.0], [0.0, 2.0], [2.0, 2.0]])
-    target = ParallelPlan(pp=2, microbatches=2, schedule="gpipe", gpus_per_node=2)
-    assert _step_us(post, target) == pytest.approx(1560.0)
+    transfers = {"sr [pp]": {"class": "sendrecv", "role": "pp", "launches": 2.0,
+                             "log_median": np.log(20.0), "bytes": 1e6, "group": 2.0}}
+    assert _two_stage_step_us(transfers, [[2.0, 2.0]]) == pytest.approx(1560.0)
 
 
 def _tp_job(**cost):
