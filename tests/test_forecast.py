@@ -176,6 +176,23 @@ def test_cli_builds_plans_from_flags_files_and_the_traced_plan(tmp_path):
     assert (plans[0].name, plans[0].dp, plans[0].microbatches) == ("traced", 8, 2)
 
 
+def test_cli_dp_list_forecasts_a_weak_scaling_sweep(tmp_path, capsys):
+    post = gemm_only(draws=2, traced_plan={"dp": 8, "tp": 2, "microbatches": 2})
+    plans, _ = cli_forecast.build_plans(cli_args(dp=[2, 8, 32]), post)
+    assert [(p.dp, p.tp, p.microbatches) for p in plans] == [(2, 2, 2), (8, 2, 2), (32, 2, 2)]
+    assert len({p.name for p in plans}) == 3
+    path = tmp_path / "plans.toml"
+    path.write_text('[[plan]]\nname = "x"\ndp = 2\n')
+    plans, _ = cli_forecast.build_plans(cli_args(plan=[path], dp=[4, 16]))
+    assert [(p.name, p.dp) for p in plans] == [("x-dp4", 4), ("x-dp16", 16)]
+    from bayesprism.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["forecast", str(tmp_path / "post.nc"), "--dp", "2,x"])
+    assert exit_info.value.code == 2
+    assert "comma-separated list" in capsys.readouterr().err
+
+
 def test_cli_table_lists_every_plan():
     post = gemm_only(draws=10, scales=GEMM_SPREAD)
     fc = forecast(post, [ParallelPlan(name="small", dp=2), ParallelPlan(name="big", dp=512)],

@@ -30,6 +30,11 @@ def register(sub) -> None:
     parser.add_argument("--cluster", type=Path, default=None, metavar="CLUSTER.toml",
                         help="file with a [cluster] table (default: a plan file's [cluster])")
     for flag, kind in LAYOUT_FLAGS.items():
+        if flag == "dp":
+            parser.add_argument("--dp", type=dp_values, default=None, metavar="DP[,DP...]",
+                                help="data-parallel replicas; a comma-separated list forecasts "
+                                "each (a weak-scaling sweep, e.g. --dp 2,8,32,128,512)")
+            continue
         parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=kind, default=None)
     parser.add_argument("--steps", type=int, default=None, help="training steps")
     parser.add_argument("--draws", type=int, default=1000, help="posterior draws (default 1000)")
@@ -45,21 +50,54 @@ def register(sub) -> None:
     parser.set_defaults(func=run)
 
 
+def dp_values(text: str) -> list[int]:
+    """``--dp``: one whole number or a comma-separated list of them.
+
+    Examples
+    --------
+    >>> dp_values("2,8, 32")
+    [2, 8, 32]
+    """
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number or a comma-separated list of them, e.g. 2,8,32 (got "
+            f"{text!r})")
+    return values
+
+
 def build_plans(args: argparse.Namespace, posterior=None) -> tuple[list, object]:
-    """Plans and cluster from ``--plan`` files and layout flags (the traced plan otherwise)."""
+    """Plans and cluster from ``--plan`` files and layout flags (the traced plan otherwise);
+    every plan once per ``--dp`` value."""
     from bayesprism.plan import Cluster, ParallelPlan
 
     flags = {k: getattr(args, k) for k in LAYOUT_FLAGS if getattr(args, k, None) is not None}
+    dps = flags.pop("dp", None)
+    dps = [None] if dps is None else [dps] if isinstance(dps, int) else list(dps)
+    sweep = len(dps) > 1
+
+    def variants(values: dict, source: str) -> list[ParallelPlan]:
+        out = []
+        for dp in dps:
+            one = {**values, **flags, **({} if dp is None else {"dp": dp})}
+            if sweep and "name" in one:
+                one["name"] = f"{one['name']}-dp{dp}"
+            out.append(ParallelPlan.from_dict(one, source=source))
+        return out
+
     plans: list[ParallelPlan] = []
     clusters = []
     problems = []
     for path in args.plan:
         try:
             for plan in ParallelPlan.from_toml(path):
-                if flags:
-                    values = {**plan.to_dict(), **flags}
-                    plan = ParallelPlan.from_dict(values, source=f"{path} + flags")
-                plans.append(plan)
+                if flags or dps != [None]:
+                    plans.extend(variants(plan.to_dict(), f"{path} + flags"))
+                else:
+                    plans.append(plan)
             cluster = Cluster.from_toml(path)
             if cluster is not None:
                 clusters.append(cluster)
@@ -70,10 +108,9 @@ def build_plans(args: argparse.Namespace, posterior=None) -> tuple[list, object]
     if not args.plan:
         # flags change the traced layout (e.g. --dp 32: the same job on more replicas)
         values = _traced_plan_values(posterior) if posterior is not None else {}
-        if flags:
+        if flags or dps != [None]:
             values.pop("name", None)
-        values.update(flags)
-        plans.append(ParallelPlan.from_dict(values, source="command line"))
+        plans.extend(variants(values, "command line"))
     if args.cluster is not None:
         cluster = Cluster.from_toml(args.cluster)
         if cluster is None:
