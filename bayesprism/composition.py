@@ -81,10 +81,11 @@ Exact path and fast path
 The exact path simulates every rank (used up to :data:`EXACT_MAX_GPUS` GPUs by default); it
 draws each posterior draw's cluster once and keeps it over the replicates. The fast path
 never draws all ranks: the :data:`TOP_REPLICAS` slowest nodes are sampled as order statistics
-of the N new nodes by inverse CDF of ``F^N`` (``bayesprism.extremes``), land on random stages
-of random (groups of ep) replicas, slowing together the replicas they share, whose other
-stages are ordinary simulated stage groups capped at the slowest nodes' level (they hold none
-of them); the step is the slowest of these replicas.
+of the N new nodes by inverse CDF of ``F^N`` (``bayesprism.extremes``; their law holds the
+GPU×step episode mixture, so every GPU-step of the cluster may bring an episode), land on
+random stages of random (groups of ep) replicas, slowing together the replicas they share,
+whose other stages are ordinary simulated stage groups capped at the slowest nodes' level
+(they hold none of them); the step is the slowest of these replicas.
 Measured nodes: when the :class:`~bayesprism.plan.Cluster` lists measured nodes (a placement:
 node i of the list holds ranks ``i*gpus_per_node ...``), their positions matter, which the fast
 path cannot represent; ``compose`` then always takes the exact path (``exact=False`` warns).
