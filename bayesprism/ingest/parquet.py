@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -88,7 +89,10 @@ def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = Non
 
     Pass 1 reads file by file: non-collective rows go straight to the output file, collective
     rows to a side file. Pass 2 reads the collective rows only, splits their durations into
-    wait and transfer (:mod:`bayesprism.ingest.waits`) and appends them. The run metadata is
+    wait and transfer (:mod:`bayesprism.ingest.waits`) and appends them; where kernel
+    signatures rename place keys (:mod:`bayesprism.ingest.signatures`), the rows written and
+    the collective rows are streamed into the final file with their signatures in one pass
+    (pass 2 and 3 together: the collective rows are written once). The run metadata is
     stored as :func:`bayesprism.schema.write_table` does, so
     :func:`bayesprism.schema.read_table` reads the file back (validated, attrs restored).
     Every optional schema column is present in the file (empty where no input had it).
@@ -145,11 +149,21 @@ def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = Non
             coll_writer.close()
             signatures = collector.finish()
             raise_problems(collector, wrote)
-            _append_collectives(tmp_coll, writer, schema, collector, summary)
-            attrs_metadata = {ATTRS_KEY: json.dumps(_jsonable(collector.attrs)).encode()}
-            writer.add_key_value_metadata(attrs_metadata)
+            if not signatures:
+                for batch in _collective_batches(tmp_coll, schema, collector, summary):
+                    writer.write_batch(batch)
+                writer.add_key_value_metadata(_attrs_metadata(collector))
         if signatures:
-            _rewrite_signatures(tmp_out, tmp_sig, schema, signatures, attrs_metadata)
+            # passes 2 and 3 in one: the written rows and then the collective rows (waits
+            # split off), each batch with its place keys replaced by signatures
+            batches = itertools.chain(
+                pq.ParquetFile(tmp_out, read_dictionary=["signature"]).iter_batches(
+                    batch_size=1 << 18),
+                _collective_batches(tmp_coll, schema, collector, summary))
+            with pq.ParquetWriter(tmp_sig, schema, store_schema=False) as final:
+                for batch in batches:
+                    final.write_batch(_with_signatures(batch, schema, signatures))
+                final.add_key_value_metadata(_attrs_metadata(collector))
             summary.rename_signatures(signatures)
             tmp_sig.replace(tmp_out)
         tmp_out.replace(out)
@@ -160,9 +174,15 @@ def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = Non
     return summary.result(collector.attrs)
 
 
-def _append_collectives(side_file: Path, writer, schema, collector: IngestCollector,
-                        summary: SummaryAccumulator) -> None:
-    """Pass 2: split the collective rows of the side file and append them to the output."""
+def _attrs_metadata(collector: IngestCollector) -> dict:
+    """The run metadata as the Parquet key-value metadata :func:`read_table` restores."""
+    return {ATTRS_KEY: json.dumps(_jsonable(collector.attrs)).encode()}
+
+
+def _collective_batches(side_file: Path, schema, collector: IngestCollector,
+                        summary: SummaryAccumulator):
+    """Pass 2: the collective rows of the side file with their durations split into wait and
+    transfer (:mod:`bayesprism.ingest.waits`), as record batches (counted in ``summary``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -179,39 +199,33 @@ def _append_collectives(side_file: Path, writer, schema, collector: IngestCollec
         columns = list(batch.columns)
         columns[i_wait] = pa.array(wait[offset:offset + n], type=pa.float64())
         columns[i_transfer] = pa.array(transfer[offset:offset + n], type=pa.float64())
-        table = pa.Table.from_batches([pa.RecordBatch.from_arrays(columns, schema=schema)])
-        writer.write_table(table)
-        summary.add(table.to_pandas())
+        out = pa.RecordBatch.from_arrays(columns, schema=schema)
+        summary.add(out.to_pandas())
+        yield out
         offset += n
 
 
-def _rewrite_signatures(path: Path, out: Path, schema, mapping: dict[str, str],
-                        metadata: dict) -> None:
-    """Pass 3: the written table with place keys replaced by signatures
-    (:mod:`bayesprism.ingest.signatures`), batch by batch and in Arrow: only the signature
-    column's dictionary indices change."""
+def _with_signatures(batch, schema, mapping: dict[str, str]):
+    """Pass 3: a batch with place keys replaced by signatures
+    (:mod:`bayesprism.ingest.signatures`), in Arrow: only the signature column's dictionary
+    indices change."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     column = schema.get_field_index("signature")
-    source = pq.ParquetFile(path, read_dictionary=["signature"])
-    with pq.ParquetWriter(out, schema, store_schema=False) as writer:
-        for batch in source.iter_batches(batch_size=1 << 18):
-            sig = batch.column(column)
-            if not pa.types.is_dictionary(sig.type):
-                sig = sig.dictionary_encode()
-            keys = sig.dictionary.to_pylist()
-            names = [mapping.get(k, k) for k in keys]
-            uniques = sorted(set(names))
-            position = {name: i for i, name in enumerate(uniques)}
-            index_map = pa.array([position[name] for name in names], type=pa.int32())
-            indices = pc.take(index_map, sig.indices)
-            new = pa.DictionaryArray.from_arrays(indices, pa.array(uniques, type=pa.string()))
-            columns = list(batch.columns)
-            columns[column] = new
-            writer.write_batch(pa.RecordBatch.from_arrays(columns, schema=schema))
-        writer.add_key_value_metadata(metadata)
+    sig = batch.column(column)
+    if not pa.types.is_dictionary(sig.type):
+        sig = sig.dictionary_encode()
+    keys = sig.dictionary.to_pylist()
+    names = [mapping.get(k, k) for k in keys]
+    uniques = sorted(set(names))
+    position = {name: i for i, name in enumerate(uniques)}
+    index_map = pa.array([position[name] for name in names], type=pa.int32())
+    indices = pc.take(index_map, sig.indices)
+    new = pa.DictionaryArray.from_arrays(indices, pa.array(uniques, type=pa.string()))
+    columns = list(batch.columns)
+    columns[column] = new
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _read_table_file(path: Path, problems: list[Problem]) -> pd.DataFrame | None:
