@@ -267,15 +267,14 @@ class _NodeMaxLaw:
         components = law.transient_components(rows)
         self.node_params = _subset_params(populations.node, rows)
         gpu_params = _subset_params(populations.gpu, rows)
-        # the widest component decides which part stays in closed form; every component's
-        # range is covered
-        widest = np.max([sd for _, _, sd in components], axis=0)
-        spread = np.maximum(np.sqrt(lg**2 + widest**2), 1e-12)
+        # every component's range is covered; the widest decides which part stays in closed
+        # form
         width = [np.maximum(np.sqrt(lg**2 + sd**2), 1e-12) for _, _, sd in components]
-        self.y_lo = np.min([c[1] - 9.0 * w for c, w in zip(components, width, strict=True)],
-                           axis=0)
-        self.y_hi = np.max([c[1] + 12.0 * w for c, w in zip(components, width, strict=True)],
-                           axis=0)
+        spread = np.max(width, axis=0)
+        self.y_lo = np.min([mu - 9.0 * w for (_, mu, _), w in zip(components, width,
+                                                                   strict=True)], axis=0)
+        self.y_hi = np.max([mu + 12.0 * w for (_, mu, _), w in zip(components, width,
+                                                                    strict=True)], axis=0)
         if gpu_params["family"] != "normal":
             v = populations.gpu_range[rows]
             for _, mu, sd in components:

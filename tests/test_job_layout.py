@@ -153,6 +153,20 @@ def test_inconsistent_groups_across_ranks_is_an_error(tmp_path):
     assert "host0_1003" in text and "pg_config" in text and "inconsistent groups" in text
 
 
+def test_nccl_args_of_the_wrong_type_are_read_not_a_traceback(tmp_path):
+    # a list where the profiler writes a count: the launch keeps no bytes, the rest reads on
+    def edit(rank, trace):
+        for ev in trace["traceEvents"]:
+            if "In msg nelems" in ev.get("args", {}):
+                ev["args"]["In msg nelems"] = [1, 2]
+                ev["args"]["Out msg nelems"] = [1, 2]
+    write_job(tmp_path, edit=edit)
+    table = bp.read_traces([tmp_path], progress=False)
+    collectives = table["role"].notna()
+    assert collectives.any() and table.loc[collectives, "bytes"].isna().all()
+    assert table.loc[collectives, "group_size"].notna().all()
+
+
 def test_rank_missing_from_its_group_is_an_error(tmp_path):
     def edit(rank, trace):
         if rank == 5:  # rank 5's own trace drops its data-parallel group

@@ -138,16 +138,36 @@ def launch_config(grid: list, block: list) -> np.ndarray:
             return "x".join(str(v) for v in value)
         return "" if value is None else str(value)
 
-    # hash the values once per row (a dict: faster than factorizing a Series of tuples),
-    # format the few distinct ones
-    distinct: dict[tuple, int] = {}
-    codes = np.fromiter(
-        (distinct.setdefault((tuple(g) if g.__class__ is list else g,
-                              tuple(b) if b.__class__ is list else b), len(distinct))
-         for g, b in zip(grid, block, strict=True)), dtype=np.int64, count=len(grid))
-    labels = np.array(["" if g is None and b is None else f"{text(g)}/{text(b)}"
-                       for g, b in distinct], dtype=object)
+    # hash the values once per row, format the few distinct ones
+    codes, first = distinct_codes([(tuple(g) if g.__class__ is list else g,
+                                    tuple(b) if b.__class__ is list else b)
+                                   for g, b in zip(grid, block, strict=True)])
+    labels = np.array(["" if grid[i] is None and block[i] is None
+                       else f"{text(grid[i])}/{text(block[i])}" for i in first], dtype=object)
     return labels[codes]
+
+
+def distinct_codes(keys: list) -> tuple[np.ndarray, np.ndarray]:
+    """An integer code per key (equal keys, equal codes, in order of first appearance) and
+    the position of each code's first key. A dict, faster here than factorizing a Series of
+    tuples; keys that cannot be hashed (lists or dicts where a trace should hold numbers)
+    are compared by their text instead.
+
+    Examples
+    --------
+    >>> codes, first = distinct_codes([("a", 1), ("b", 2), ("a", 1), ([3], None)])
+    >>> codes.tolist(), first.tolist()
+    ([0, 1, 0, 2], [0, 1, 3])
+    """
+    distinct: dict = {}
+    try:
+        codes = np.fromiter((distinct.setdefault(k, len(distinct)) for k in keys),
+                            dtype=np.int64, count=len(keys))
+    except TypeError:
+        distinct = {}
+        codes = np.fromiter((distinct.setdefault(repr(k), len(distinct)) for k in keys),
+                            dtype=np.int64, count=len(keys))
+    return codes, np.unique(codes, return_index=True)[1]
 
 
 def annotate_rank(df: pd.DataFrame, *, groups: dict[str, Group], rank: int,
@@ -284,4 +304,4 @@ def _label_pipeline(df, step, chunk, is_op, kinds, role, stage: int, stages: int
     df["microbatch"] = pd.array(microbatch, dtype="Float64").astype("Int64")
 
 
-__all__ = ["KEY_SEP", "annotate_rank", "launch_config"]
+__all__ = ["KEY_SEP", "annotate_rank", "distinct_codes", "launch_config"]

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from bayesprism.errors import IngestWarning, Problem, TraceFormatError
-from bayesprism.ingest.annotate import annotate_rank, launch_config
+from bayesprism.ingest.annotate import annotate_rank, distinct_codes, launch_config
 from bayesprism.ingest.classify import (
     classify_kernel,
     collective_class,
@@ -341,23 +341,27 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
     if coll_rows:
         # a step repeats the same few collectives: read each distinct set of fields once
         rows = np.asarray(coll_rows, dtype=np.int64)
-        distinct: dict[tuple, int] = {}
-        key_code = np.fromiter(
-            (distinct.setdefault((a.collective, a.dtype, a.in_nelems, a.out_nelems,
-                                  a.group_size, a.process_group,
-                                  a.process_group_ranks is not None), len(distinct))
-             for a in coll_args), dtype=np.int64, count=len(coll_args))
-        first = np.unique(key_code, return_index=True)[1]
-        fields = [_collective_fields(coll_args[j]) for j in first]
-        cls_code = np.array([-1 if f[0] is None else class_index[f[0]] for f in fields])[key_code]
+        key_code, first = distinct_codes([
+            (a.collective, a.dtype, a.in_nelems, a.out_nelems, a.group_size, a.process_group,
+             a.process_group_ranks is not None) for a in coll_args])
+        classes, dtypes, sizes, groups_of, pgs, ops = zip(
+            *(_collective_fields(coll_args[j]) for j in first), strict=True)
+
+        def per_row(values) -> np.ndarray:
+            out = np.empty(len(values), dtype=object)
+            for i, value in enumerate(values):  # one by one: a list value stays one element
+                out[i] = value
+            return out[key_code]
+
+        cls_code = np.array([class_index.get(c, -1) for c in classes])[key_code]
         nccl_class = (cls_code >= 0) & is_nccl[rows]
         kclass[rows[nccl_class]] = cls_code[nccl_class]
-        spelled = np.array([f[1] is not None for f in fields])[key_code]
-        dtype[rows[spelled]] = np.array([f[1] for f in fields], dtype=object)[key_code][spelled]
-        nbytes[rows] = np.array([f[2] for f in fields])[key_code]
-        group_size[rows] = np.array([f[3] for f in fields])[key_code]
-        process_group[rows] = np.array([f[4] for f in fields], dtype=object)[key_code]
-        op_name[rows] = np.array([f[5] for f in fields], dtype=object)[key_code]
+        spelled = np.array([d is not None for d in dtypes])[key_code]
+        dtype[rows[spelled]] = per_row(dtypes)[spelled]
+        nbytes[rows] = np.asarray(sizes, dtype=float)[key_code]
+        group_size[rows] = np.asarray(groups_of, dtype=float)[key_code]
+        process_group[rows] = per_row(pgs)
+        op_name[rows] = per_row(ops)
         for j in first:
             args = coll_args[j]
             pg = args.process_group

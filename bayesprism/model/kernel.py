@@ -793,9 +793,9 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     if "gpustep" in attrs["levels"]:
         gpustep_ref = pm.HalfNormal("gpustep_scale_ref", spec.prior("level_scale"))
         if spec.population("gpustep") == "degraded":
-            # episodes are defined relative to the core: with a core scale below what one
-            # GPU-step's launches resolve, the sampler wanders off to a zero core (measured on
-            # the dev traces: R-hat 1.87, ESS 3); the floor of a degraded unit population
+            # episodes are defined in core sds: a core scale below what one GPU-step's
+            # launches resolve lets the sampler wander off to a zero core (and the episodes'
+            # shift to infinity); the floor of a degraded unit population
             soft_scale_floor("gpustep", gpustep_ref, gpustep_resolution(d))
         gpustep = class_scales("gpustep", gpustep_ref, prepared)
 
