@@ -35,7 +35,8 @@ COLLECTIVE_MODELS: tuple[str, ...] = ("ring", "none")
 #: Prior scales (all on the log-duration scale unless the name carries a unit).
 DEFAULT_PRIORS: dict[str, float] = {
     "kernel_log_median_sd": 5.0,  # sd of a class mean of log µs around log(100 µs)
-    "kernel_class_sd": 1.0,  # half-normal scale of the within-class sd of kernel medians
+    "kernel_class_sd": 1.0,  # within-class sd of kernel medians: Gamma(2) with the mean of a
+    # half-normal of this scale
     "level_scale": 0.2,  # half-normal scale of every loading (node/gpu/step/gpustep/cabinet)
     "resid_scale": 0.5,  # half-normal scale of the per-class residual sd
     "nu_rate": 0.1,  # Gamma(2, rate) prior on Student-t degrees of freedom (mean 20)

@@ -99,3 +99,64 @@ def test_resolution_of_units_with_one_block_is_their_launches_standard_error():
     n_launches = len(table) / 8
     resolution = unit_resolution(prepared.data, prepared.attrs["levels"])["gpu"]
     assert resolution == pytest.approx(0.1 / np.sqrt(n_launches), rel=0.2)
+
+
+def test_started_variables_begin_at_their_data_starts_and_the_rest_is_jittered():
+    """The scales, tail weights and mixture shares that the model starts at data estimates begin
+    there in every chain; every other coordinate gets nutpie's jitter. (nutpie freezes a JAX
+    model into new variables: a jitter set naming the unfrozen ones jittered nothing at all.)"""
+    from bayesprism.inference import _compiled_nutpie
+    from bayesprism.model.kernel import build_kernel
+
+    table, _ = simulate_trace(nodes=3, gpus=4, steps=5, launches=3)
+    prepared = prepare_kernel([table], ModelSpec.default())
+    model = build_kernel(prepared, ModelSpec.default())
+    started = [rv for rv in model.free_RVs if model.rvs_to_initial_values.get(rv) is not None]
+    assert {"resid_scale", "gpu_scale_ref", "gpu_nu_minus_one"} <= {rv.name for rv in started}
+    n_started = sum(model.initial_point()[model.rvs_to_values[rv].name].size for rv in started)
+    compiled = _compiled_nutpie(model, None)
+    first, second = compiled._make_initial_points(1), compiled._make_initial_points(2)
+    same = np.isclose(first, second, rtol=0.0, atol=1e-12)
+    assert same.sum() == n_started
+    assert first.size > n_started
+
+
+def test_student_t_and_episode_starts_read_the_data():
+    """ν starts low for a population with an outlier and high without; the episode share,
+    shift and spread start at the GPU-steps that stand out from their GPU and step."""
+    from bayesprism.model.start import episode_start, student_t_nu_start
+
+    rng = np.random.default_rng(1)
+    core = 0.01 * rng.standard_normal(64)
+    assert student_t_nu_start(np.r_[core[:63], 0.12]) < 3.0 < student_t_nu_start(core)
+    table, _ = simulate_trace(nodes=2, gpus=4, steps=10, launches=20, gs_sd=0.002, resid=0.01)
+    slow = (table["node"] == "n00") & (table["gpu"] == 1) & table["step"].isin([7, 8])
+    table.loc[slow, "duration_us"] *= np.exp(0.06)
+    prepared = prepare_kernel([table], ModelSpec(levels=("node", "gpu", "step", "gpustep")))
+    share, shift, _ = episode_start(prepared.data)
+    assert share == pytest.approx(2 / 80)
+    assert shift == pytest.approx(0.06, abs=0.01)
+
+
+def test_unit_levels_load_on_compute_classes_only():
+    """Persistent and step levels: the reference is the launch-weighted geometric mean of the
+    compute classes and collectives get no loading; the GPU×step level keeps a free log ratio
+    for each collective on an axis of its own."""
+    from types import SimpleNamespace
+
+    import pymc as pm
+
+    from bayesprism.model.effects import class_scales
+
+    prepared = SimpleNamespace(coords={"kernel_class": ["allgather", "gemm", "norm"]},
+                               data={"class_reference_weights": np.array([0.0, 3.0, 1.0])})
+    with pm.Model(coords={"kernel_class": prepared.coords["kernel_class"]}):
+        unit = class_scales("gpu", 0.02, prepared, reference_only=True)
+        cell = class_scales("gpustep", 0.02, prepared)
+    point = {"gpu_log_ratio_coef": np.array([0.7]), "gpustep_log_ratio_coef": np.array([0.7, -2.0])}
+    gpu = unit.eval({k: v for k, v in point.items() if k.startswith("gpu_")})
+    assert gpu[0] == 0.0
+    assert np.exp((3 * np.log(gpu[1]) + np.log(gpu[2])) / 4) == pytest.approx(0.02)
+    gpustep = cell.eval({k: v for k, v in point.items() if k.startswith("gpustep")})
+    assert gpustep[0] == pytest.approx(0.02 * np.exp(-2.0))
+    assert np.exp((3 * np.log(gpustep[1]) + np.log(gpustep[2])) / 4) == pytest.approx(0.02)

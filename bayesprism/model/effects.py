@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import helmert
 
+from bayesprism.model.start import robust_spread, student_t_nu_start
 from bayesprism.spec import ModelSpec
 
 #: The soft floor of a population scale, in units of the data's per-unit resolution.
@@ -83,7 +84,8 @@ def grouped_helmert_inverse(effects: np.ndarray, group: np.ndarray) -> np.ndarra
     return free
 
 
-def population_logp(effects, family: str, level: str, scale, spec: ModelSpec, reference=None):
+def population_logp(effects, family: str, level: str, scale, spec: ModelSpec, reference=None,
+                    nu_start: float | None = None):
     """Log density of ``effects`` under a level's population at ``scale``; creates its parameters.
 
     ``student_t`` adds ``{level}_nu`` (ν = 1 + Gamma(2, rate): a finite mean, tails learned);
@@ -102,7 +104,8 @@ def population_logp(effects, family: str, level: str, scale, spec: ModelSpec, re
     if family == "normal":
         dist = pm.Normal.dist(0.0, scale)
     elif family == "student_t":
-        nu_excess = pm.Gamma(f"{level}_nu_minus_one", 2.0, spec.prior("nu_rate"))
+        nu_excess = pm.Gamma(f"{level}_nu_minus_one", 2.0, spec.prior("nu_rate"),
+                             initval=nu_start)
         nu = pm.Deterministic(f"{level}_nu", 1.0 + nu_excess)
         dist = pm.StudentT.dist(nu=nu, mu=0.0, sigma=scale)
     elif family == "mixture":
@@ -187,8 +190,12 @@ def unit_level(level: str, prepared, spec: ModelSpec, estimate=None, resolution=
         if nested:
             centre, step = centre[~is_group_mean], step[~is_group_mean]
         free = centre + step * free
-    scale = pm.HalfNormal(f"{level}_scale_ref", spec.prior("level_scale")) if centred_level \
-        else 1.0
+    # starts (model.start): the unit estimates' robust spread and tail weight
+    values = unit_estimate if unit_estimate is not None else (
+        None if estimate is None else estimate[0])
+    scale_start = None if values is None else robust_spread(values, group if nested else None)
+    scale = pm.HalfNormal(f"{level}_scale_ref", spec.prior("level_scale"),
+                          initval=scale_start) if centred_level else 1.0
     if centred_level and resolution is not None:
         soft_scale_floor(level, scale, resolution)
     split = (not nested and centred_level and family == "degraded"
@@ -229,16 +236,19 @@ def unit_level(level: str, prepared, spec: ModelSpec, estimate=None, resolution=
         # mean of the loadings, as for centred levels (other families keep their variables in
         # the order they had)
         loading = _noncentred_loading(level, spec)
-        weights = np.asarray(prepared.data["launches_per_class"], dtype=float)
+        weights = np.asarray(prepared.data["class_reference_weights"], dtype=float)
         reference = pt.exp(pt.dot(weights / weights.sum(), pt.log(loading)))
+    nu_start = None
+    if family == "student_t" and values is not None:
+        nu_start = student_t_nu_start(values, group if nested else None)
     pm.Potential(f"{level}_population",
-                 population_logp(raw, family, level, scale, spec, reference))
+                 population_logp(raw, family, level, scale, spec, reference, nu_start))
     centred = raw if nested else raw - pt.mean(raw)
     if not centred_level:
         loading = _noncentred_loading(level, spec) if loading is None else loading
         effect = pm.Deterministic(f"{level}_effect", raw, dims=dim)
         return loading, effect, centred
-    loading = class_scales(level, scale, prepared)
+    loading = class_scales(level, scale, prepared, reference_only=True)
     effect = pm.Deterministic(f"{level}_effect", raw / scale, dims=dim)
     return loading, effect, centred / scale
 
@@ -260,14 +270,21 @@ def soft_scale_floor(level: str, scale, resolution: float) -> None:
     pm.Potential(f"{level}_scale_floor", 2.0 * pt.log(scale) - pt.log(pt.square(scale) + floor**2))
 
 
-def class_scales(name: str, scale_ref, prepared):
+def class_scales(name: str, scale_ref, prepared, reference_only: bool = False):
     """Per-class scales ``{name}_scale`` = ``scale_ref`` × loading ratio, ratios centred.
 
-    The log loading ratios sum to zero with launch weights (so ``scale_ref`` is the scale of the
-    launch-weighted geometric-mean class), sampled as iid N(0, 1) coefficients of an
-    orthonormal basis of that subspace. Tying the ratios to one reference class instead makes
-    them all move together with that class's noise (a correlated direction a diagonal mass
-    matrix cannot follow: measured ~2x more leapfrog steps).
+    The log loading ratios sum to zero with the launch weights of the compute classes (so
+    ``scale_ref`` is the scale of their launch-weighted geometric-mean class), sampled as iid
+    N(0, 1) coefficients of an orthonormal basis of that subspace; each other class's log ratio
+    is a coefficient of its own or, with ``reference_only``, its scale is zero. Persistent and
+    step levels are fitted with ``reference_only``: their standardised effects are one vector
+    shared by all classes, and two collectives whose transfers vary from step to step in
+    different patterns could each claim it (dev traces: the step effects followed the
+    all-gathers in one chain and the reduce-scatters in the other, R-hat 1.83); a transfer,
+    timed after its group's last member arrives, is not slowed by its GPU's compute anyway.
+    Tying the ratios to one
+    reference class instead makes them all move together with that class's noise (a correlated
+    direction a diagonal mass matrix cannot follow: measured ~2x more leapfrog steps).
     """
     import pymc as pm
     import pytensor.tensor as pt
@@ -276,10 +293,22 @@ def class_scales(name: str, scale_ref, prepared):
     classes = prepared.coords["kernel_class"]
     if len(classes) == 1:
         return pm.Deterministic(f"{name}_scale", scale_ref * pt.ones(1), dims="kernel_class")
-    weights = np.asarray(prepared.data["launches_per_class"], dtype=float)
-    basis = null_space((weights / weights.sum())[None, :])  # (classes, classes - 1)
+    weights = np.asarray(prepared.data["class_reference_weights"], dtype=float)
+    reference = weights > 0
+    # (classes, classes - 1): an orthonormal basis of the reference classes' weighted zero-sum
+    # subspace, and each other class on an axis of its own, so that a collective's nearly
+    # unidentified loading stays one coordinate instead of leaking into every ratio
+    n_ref = int(reference.sum())
+    others = np.flatnonzero(~reference)
+    basis = np.zeros((weights.size, n_ref - 1 + (0 if reference_only else others.size)))
+    basis[np.ix_(reference, np.arange(n_ref - 1))] = null_space(weights[reference][None, :])
+    if not reference_only:
+        basis[others, np.arange(n_ref - 1, basis.shape[1])] = 1.0
+    loads = np.where(reference | (not reference_only), 1.0, 0.0)
+    if basis.shape[1] == 0:
+        return pm.Deterministic(f"{name}_scale", scale_ref * loads, dims="kernel_class")
     model = pm.modelcontext(None)
     model.add_coord(f"{name}_ratio_basis", list(range(basis.shape[1])))
     coef = pm.Normal(f"{name}_log_ratio_coef", 0.0, 1.0, dims=f"{name}_ratio_basis")
-    return pm.Deterministic(f"{name}_scale", scale_ref * pt.exp(pt.dot(basis, coef)),
+    return pm.Deterministic(f"{name}_scale", scale_ref * loads * pt.exp(pt.dot(basis, coef)),
                             dims="kernel_class")

@@ -53,11 +53,15 @@ from bayesprism.model.cells import aggregate_cells
 from bayesprism.model.effects import class_scales, segment_sum, soft_scale_floor, unit_level
 from bayesprism.model.rows import row_likelihood
 from bayesprism.model.start import (
+    class_spread_start,
+    episode_start,
+    gpustep_core_start,
     gpustep_resolution,
     kernel_baseline_se,
     robust_unit_effects,
     unit_effect_estimates,
     unit_resolution,
+    within_cell_sd,
 )
 from bayesprism.spec import ModelSpec
 
@@ -450,6 +454,15 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
         else:
             param[level] = spec.parameterisation
     launches_per_class = np.bincount(class_codes, minlength=len(class_ids))
+    # The reference class of each level's loadings (``{level}_scale_ref``) is the launch-
+    # weighted geometric mean of the compute classes: a collective's transfer (measured after
+    # its last member arrives) barely loads on a GPU's or node's speed, so with collectives in
+    # the mean, that mean (and every standardised effect) would follow their nearly unidentified
+    # loadings.
+    is_compute = np.array([c not in coll.COLLECTIVE_CLASSES for c in class_labels])
+    reference_weights = launches_per_class * is_compute
+    if reference_weights.sum() == 0:
+        reference_weights = launches_per_class
 
     # Collapsed statistics (see module docstring).
     C = len(class_ids)
@@ -476,7 +489,7 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
         "cell_kernel": cells.codes["kernel"], "cell_gpustep": cells.codes["gs"],
         "cell_n": cells.n, "cell_mean": cells.mean, "cell_ss": cells.ss,
         "cell_dev": cell_dev, "block_n": block_n, "block_dev": block_dev,
-        "class_q": class_q, "class_n": class_n, "launches_per_class": launches_per_class,
+        "class_q": class_q, "class_n": class_n, "class_reference_weights": reference_weights,
     })
     # The likelihood adds per-GPU and per-step effect sums (small gathers) rather than
     # gathering every level to the GPU-steps.
@@ -501,6 +514,12 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
         # a noisy step pins its level ~30x less tightly than the others, which ties the
         # baselines to the step contrasts: diagonal mass matrix on PAL, 4 chains x 1000 draws:
         # R-hat 1.016, ESS 105; low-rank: R-hat 1.008, ESS 904
+        attrs["mass_matrix"] = "low_rank"
+    if "gpustep" in fitted and spec.population("gpustep") == "degraded":
+        # the kernel baselines share a common direction that no single coordinate follows
+        # (dev traces, 2 chains x 1000 draws, seeds 0 and 2: the all-kernels mean at bulk ESS
+        # 50-70, correlated 0.9 with most contrasts, under a diagonal mass matrix; low-rank:
+        # min ESS 277-508, no divergences, ~6 s more)
         attrs["mass_matrix"] = "low_rank"
     if spec.likelihood == "mixture":
         # with few slow launches the slow component's shift and spread are nearly prior-only,
@@ -700,7 +719,12 @@ def _kernel_baselines(kernel_mean: np.ndarray, cls: np.ndarray, n_classes: int, 
 
     loc = float(np.median(kernel_mean))
     tau2 = spec.prior("kernel_log_median_sd") ** 2
-    class_sd = pm.HalfNormal("kernel_class_sd", spec.prior("kernel_class_sd"), dims="kernel_class")
+    # Gamma(2) rather than half-normal: a class of two or three kernels with near-equal medians
+    # (a TP all-reduce) otherwise lets its sd wander towards zero, where the baselines, pinned by
+    # their launches, make a wall (dev traces: the divergences sat at sd 7e-5 against 0.016)
+    prior_mean = spec.prior("kernel_class_sd") * np.sqrt(2.0 / np.pi)
+    class_sd = pm.Gamma("kernel_class_sd", 2.0, 2.0 / prior_mean, dims="kernel_class",
+                        initval=class_spread_start(kernel_mean, cls, n_classes))
     # Data-dominated baselines, sampled as the observed means plus standard errors times
     # kernel_log_median_coef (bayesprism.model.start), in an orthonormal basis whose first
     # vector is the all-kernels mean: the mean of the integrated GPU×step effects shifts every
@@ -754,7 +778,8 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     centred_coords = not spec.fits_rows
     a_free = _kernel_baselines(d["kernel_mean"], cls, n_classes, spec,
                                kernel_baseline_se(d) if centred_coords else 1.0)
-    resid = pm.HalfNormal("resid_scale", spec.prior("resid_scale"), dims="kernel_class")
+    resid = pm.HalfNormal("resid_scale", spec.prior("resid_scale"), dims="kernel_class",
+                          initval=within_cell_sd(d))
 
     # Persistent levels (cabinet, node, GPU) summed per GPU, steps per step unit: the
     # GPU-steps then need one (GPU, step) broadcast or two gathers, not a gather per level
@@ -768,6 +793,11 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
                if level in attrs["levels"] and spec.population(level) == "degraded"}
     if {"node", "cabinet"} <= set(attrs["levels"]) and not _nodes_nest_in_cabinets(spec):
         floored.add("cabinet")  # the ridge with un-nested nodes needs the floor
+    if "step" in attrs["levels"] and centred_coords:
+        # a few profiled steps of one run often share no slowdown beyond what their launches
+        # resolve: a step scale free to reach zero forms a funnel with the step effects (dev
+        # traces: step effects at R-hat 1.83, the scale at 3e-5 against a resolution of 1e-4)
+        floored.add("step")
     resolution = unit_resolution(d, attrs["levels"]) if floored else {}
     for level in attrs["levels"]:
         if level == "gpustep":
@@ -775,8 +805,7 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
         loading, effect, centred = unit_level(
             level, prepared, spec, estimates.get(level),
             resolution=resolution[level] if level in floored else None,
-            unit_estimate=robust_unit_effects(d, level)
-            if spec.population(level) == "degraded" else None)
+            unit_estimate=None if level == "step" else robust_unit_effects(d, level))
         pm.Data(f"{level}_of_gpustep", d[f"{level}_of_gpustep"], dims="gpustep")
         if level == "step":
             step_part = step_part + centred[:, None] * loading[None, :]
@@ -791,7 +820,8 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     pm.Deterministic("kernel_log_median", a_free - shift, dims="kernel")
     gpustep = gpustep_ref = None
     if "gpustep" in attrs["levels"]:
-        gpustep_ref = pm.HalfNormal("gpustep_scale_ref", spec.prior("level_scale"))
+        gpustep_ref = pm.HalfNormal("gpustep_scale_ref", spec.prior("level_scale"),
+                                    initval=gpustep_core_start(d))
         if spec.population("gpustep") == "degraded":
             # episodes are defined in core sds: a core scale below what one GPU-step's
             # launches resolve lets the sampler wander off to a zero core (and the episodes'
@@ -868,12 +898,13 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
         b_gs = pt.sum(block_n * (gpustep**2 / var)[None, :], axis=1)
         core = -0.5 * pt.log1p(b_gs) + a_gs**2 / (2.0 * (1.0 + b_gs))
         if spec.population("gpustep") == "degraded":
-            core = _episode_marginal(core, a_gs, b_gs, gpustep_ref, spec)
+            core = _episode_marginal(core, a_gs, b_gs, gpustep_ref, spec, episode_start(d))
         logp = logp + pt.sum(core)
     pm.Potential("kernel_loglik", logp)
 
 
-def _episode_marginal(core, a_gs, b_gs, scale_ref, spec: ModelSpec):
+def _episode_marginal(core, a_gs, b_gs, scale_ref, spec: ModelSpec,
+                      start: tuple[float, float, float]):
     """Log marginal of each GPU-step under the ``degraded`` GPU×step population.
 
     The standardised effect z of a GPU-step is N(0, 1) with probability 1 − w, else an
@@ -888,9 +919,13 @@ def _episode_marginal(core, a_gs, b_gs, scale_ref, spec: ModelSpec):
     import pymc as pm
     import pytensor.tensor as pt
 
-    weight = pm.Beta("gpustep_slow_weight", 1.0, spec.prior("episode_weight_beta"))
-    shift_log = pm.HalfNormal("gpustep_episode_shift_log", spec.prior("degraded_shift"))
-    spread_log = pm.HalfNormal("gpustep_episode_spread_log", spec.prior("degraded_spread"))
+    weight_start, shift_start, spread_start = start
+    weight = pm.Beta("gpustep_slow_weight", 1.0, spec.prior("episode_weight_beta"),
+                     initval=weight_start)
+    shift_log = pm.HalfNormal("gpustep_episode_shift_log", spec.prior("degraded_shift"),
+                              initval=shift_start)
+    spread_log = pm.HalfNormal("gpustep_episode_spread_log", spec.prior("degraded_spread"),
+                               initval=spread_start)
     delta = pm.Deterministic("gpustep_slow_shift", shift_log / scale_ref)
     tau = pm.Deterministic("gpustep_slow_sd", pt.sqrt(1.0 + (spread_log / scale_ref) ** 2))
     return episode_log_marginal(core, a_gs, b_gs, weight, delta, tau, pt)

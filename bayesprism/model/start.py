@@ -42,10 +42,22 @@ def _centre(values, weights, group):
     return values - _weighted_mean(values, weights, group, int(group.max()) + 1)[group]
 
 
+def _reference_classes(data: dict) -> np.ndarray:
+    """Mask of the kernel classes whose loadings define the reference class (the compute
+    classes when there are any: ``class_reference_weights``)."""
+    weights = data.get("class_reference_weights")
+    if weights is None:
+        return np.ones(data["block_n"].shape[1], dtype=bool)
+    return np.asarray(weights) > 0
+
+
 def _block_residuals(data: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Launches per GPU-step and their mean log deviation from their kernels' means."""
-    block_n = data["block_n"].sum(axis=1)
-    return block_n, data["block_dev"].sum(axis=1) / np.maximum(block_n, 1e-300)
+    """Launches per GPU-step and their mean log deviation from their kernels' means, over the
+    reference classes (a collective's transfer barely moves with its GPU: pooled in, it would
+    pull every unit's estimate towards zero and inflate a GPU-step's noise)."""
+    mask = _reference_classes(data)
+    block_n = data["block_n"][:, mask].sum(axis=1)
+    return block_n, data["block_dev"][:, mask].sum(axis=1) / np.maximum(block_n, 1e-300)
 
 
 def unit_effect_estimates(data: dict, levels: list[str]) -> dict[str, tuple[np.ndarray, float]]:
@@ -152,8 +164,9 @@ def robust_unit_effects(data: dict, level: str) -> np.ndarray:
 def _gpustep_se(data: dict, block_n: np.ndarray, block_r: np.ndarray) -> np.ndarray:
     """Standard error of each GPU-step's mean log residual from its own launches."""
     cell_block = data["cell_gpustep"]
-    spread = np.bincount(cell_block, weights=data["cell_ss"] + data["cell_n"] * (
-        data["cell_dev"] - block_r[cell_block]) ** 2, minlength=block_n.size)
+    used = _reference_classes(data)[data["kernel_class_of_kernel"][data["cell_kernel"]]]
+    spread = np.bincount(cell_block, weights=used * (data["cell_ss"] + data["cell_n"] * (
+        data["cell_dev"] - block_r[cell_block]) ** 2), minlength=block_n.size)
     return np.sqrt(spread) / np.maximum(block_n, 1)
 
 
@@ -196,3 +209,134 @@ def unit_resolution(data: dict, levels: list[str]) -> dict[str, float]:
         precision = np.bincount(unit, weights=weight)
         out[level] = float(np.median(1.0 / np.sqrt(precision[precision > 0])))
     return out
+
+
+def student_t_nu_start(values: np.ndarray, group: np.ndarray | None = None) -> float:
+    """A start for a Student-t population's ``ν − 1``: the maximum-likelihood ν of the robust
+    unit estimates (centred within their groups), between 0.5 and 60.
+
+    Where the sampler starts ν decides which explanation of an outlying unit it settles in: a
+    heavy-tailed population, or the transient component of another level claiming every step of
+    that unit. Both are local modes; starting at what the unit estimates themselves say puts
+    the chains in the one the data point at (the prior mean, ν = 21, points at light tails
+    whatever the data).
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> heavy = student_t_nu_start(rng.standard_t(3.0, 2000))
+    >>> light = student_t_nu_start(rng.standard_normal(2000))
+    >>> heavy < 5.0 < light
+    True
+    """
+    from scipy import stats
+
+    x = np.asarray(values, dtype=float)
+    if group is not None:
+        x = x - _medians(x, group, int(group.max()) + 1)[group]
+    x = x[np.isfinite(x)]
+    spread = 1.4826 * float(np.median(np.abs(x - np.median(x)))) if x.size else 0.0
+    if x.size < 8 or spread <= 0.0:
+        return 20.0  # nothing to say: the prior mean
+    nu, _, _ = stats.t.fit(x / spread, floc=0.0)
+    return float(np.clip(nu - 1.0, 0.5, 60.0))
+
+
+def robust_spread(values: np.ndarray, group: np.ndarray | None = None) -> float:
+    """1.4826 × the median absolute deviation of ``values`` from their group medians (log
+    units; at least :data:`MIN_SE`): a start for a population scale.
+
+    Examples
+    --------
+    >>> round(robust_spread(np.array([0.0, 0.01, -0.01, 0.02, -0.02, 0.5])), 4)
+    0.0222
+    """
+    x = np.asarray(values, dtype=float)
+    if group is not None and x.size:
+        x = x - _medians(x, group, int(group.max()) + 1)[group]
+    if x.size == 0:
+        return MIN_SE
+    return max(1.4826 * float(np.median(np.abs(x - np.median(x)))), MIN_SE)
+
+
+def gpustep_deviations(data: dict) -> np.ndarray:
+    """Each GPU-step's residual less its step's and its GPU's medians (GPU-steps with
+    launches)."""
+    used, dev = _robust_block_deviations(data, *_block_residuals(data))
+    gpu = data["gpustep_gpu"][used]
+    return dev - _medians(dev, gpu, int(data["gpustep_gpu"].max()) + 1)[gpu]
+
+
+def episode_start(data: dict, spreads: float = 5.0) -> tuple[float, float, float]:
+    """Starts for the GPU×step episodes: their share, log shift and extra log spread.
+
+    Episode GPU-steps are those whose residual, less its step's and its GPU's medians, lies
+    more than ``spreads`` robust sds (at least one GPU-step's resolution) above zero; the share
+    is kept between 0.5 / GPU-steps and 0.5, the shift is their median excess and the spread
+    their robust sd (defaults 0.05 and 0.02 when there are none).
+
+    Starting the weight and shift at their prior means lets the episodes claim a persistently
+    slow GPU's every step before its GPU effect is found (see :func:`student_t_nu_start`).
+
+    Examples
+    --------
+    >>> data = {"block_n": np.ones((8, 1)), "block_dev": np.r_[np.zeros(7), 0.1][:, None],
+    ...         "gpustep_gpu": np.arange(8) // 4, "gpustep_step": np.arange(8) % 4,
+    ...         "cell_gpustep": np.arange(8), "cell_kernel": np.zeros(8, dtype=int),
+    ...         "kernel_class_of_kernel": np.zeros(1, dtype=int), "cell_n": np.ones(8),
+    ...         "cell_ss": np.zeros(8), "cell_dev": np.r_[np.zeros(7), 0.1]}
+    >>> [round(v, 3) for v in episode_start(data)]
+    [0.125, 0.1, 0.02]
+    """
+    dev = gpustep_deviations(data)
+    if dev.size == 0:
+        return 0.02, 0.05, 0.02
+    spread = max(robust_spread(dev), gpustep_resolution(data))
+    slow = dev[dev > spreads * spread]
+    share = float(np.clip(slow.size / dev.size, 0.5 / dev.size, 0.5))
+    if slow.size == 0:
+        return share, 0.05, 0.02
+    extra = robust_spread(slow) if slow.size >= 3 else 0.02
+    return share, float(np.median(slow)), extra
+
+
+def within_cell_sd(data: dict) -> np.ndarray:
+    """Per kernel class, the pooled sd of launches about their cell's mean (log units; at
+    least 1e-3): a start for the residual scales."""
+    cls = data["kernel_class_of_kernel"][data["cell_kernel"]]
+    size = data["block_n"].shape[1]
+    ss = np.bincount(cls, weights=data["cell_ss"], minlength=size)
+    dof = np.bincount(cls, weights=np.maximum(data["cell_n"] - 1.0, 0.0), minlength=size)
+    return np.maximum(np.sqrt(ss / np.maximum(dof, 1.0)), 1e-3)
+
+
+def class_spread_start(kernel_mean: np.ndarray, cls: np.ndarray, n_classes: int) -> np.ndarray:
+    """Per kernel class, the sd of its kernels' mean log durations (classes of one kernel take
+    the median of the others; at least 1e-3): a start for ``kernel_class_sd``.
+
+    Examples
+    --------
+    >>> class_spread_start(np.log([10.0, 20.0, 5.0]), np.array([0, 0, 1]), 2).round(3)
+    array([0.49, 0.49])
+    """
+    sd = np.full(n_classes, np.nan)
+    for c in range(n_classes):
+        x = kernel_mean[cls == c]
+        if x.size >= 2:
+            sd[c] = np.std(x, ddof=1)
+    fallback = float(np.nanmedian(sd)) if np.isfinite(sd).any() else 1.0
+    return np.maximum(np.where(np.isfinite(sd), sd, fallback), 1e-3)
+
+
+def gpustep_core_start(data: dict) -> float:
+    """A start for the GPU×step core scale: the excess of the GPU-steps' robust spread
+    (:func:`gpustep_deviations`) over what their own launches resolve, at least a twentieth of
+    that resolution.
+
+    A core started wider than the data allow leaves each GPU-step free to drift from its GPU
+    while the episodes' share and shift are still moving: a chain then let the episodes claim
+    every step of a persistently slow GPU (dev traces, 1 chain in 5).
+    """
+    spread, resolution = robust_spread(gpustep_deviations(data)), gpustep_resolution(data)
+    return float(max(np.sqrt(max(spread**2 - resolution**2, 0.0)), 0.05 * resolution))
+
