@@ -7,6 +7,8 @@ when a model is built or fitted.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 __version__ = "0.1.0"
 
@@ -27,23 +29,32 @@ _API = {
     "ParallelPlan": "bayesprism.plan",
     "Cluster": "bayesprism.plan",
     "forecast": "bayesprism.forecast",
+    "sensitivity": "bayesprism.sensitivity",
     # diagnostics, reports, validation, decisions
     "diagnose": "bayesprism.diagnostics",
     "write_report": "bayesprism.report",
     "validate": "bayesprism.validate",
-    "sensitivity": "bayesprism.analysis",
     "what_if": "bayesprism.analysis",
     "place": "bayesprism.analysis",
 }
 
 __all__ = ["__version__", *_API]
 
-# These functions share their module's name: importing the submodule (anywhere) would rebind
-# the package attribute to the module, so they are bound eagerly. None of them imports PyMC.
-from bayesprism.forecast import forecast  # noqa: E402, F401
-from bayesprism.sensitivity import sensitivity  # noqa: E402, F401
-from bayesprism.simulate import simulate  # noqa: E402, F401
-from bayesprism.validate import validate  # noqa: E402, F401
+
+class _Package(types.ModuleType):
+    """The package module: the import system binds every submodule as an attribute of its
+    package, and four functions of the API share their module's name (``forecast``,
+    ``sensitivity``, ``simulate``, ``validate``); for those the function is kept. Binding them
+    eagerly instead imported xarray and SciPy (~1.5 s) with any submodule, the ingest workers'
+    included."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _API and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str):

@@ -173,8 +173,11 @@ def coerce_table(df: pd.DataFrame, source: str = "table") -> pd.DataFrame:
         if col in unknown:
             continue
         dtype = ALL_COLUMNS[col]
+        series = df[col]
+        if _has_dtype(series, dtype):  # a reader's own frame: nothing to cast
+            out[col] = series
+            continue
         try:
-            series = df[col]
             if dtype in ("int64", "Int64", "float64"):
                 series = pd.to_numeric(series, errors="raise")
             if dtype == "category" and not isinstance(series.dtype, pd.CategoricalDtype):
@@ -188,6 +191,15 @@ def coerce_table(df: pd.DataFrame, source: str = "table") -> pd.DataFrame:
     result = pd.DataFrame(out, index=df.index)
     result.attrs = {**empty_attrs(), **dict(df.attrs)}
     return result
+
+
+def _has_dtype(series: pd.Series, dtype: object) -> bool:
+    """Whether ``series`` already has the schema ``dtype`` (any categories for "category")."""
+    if isinstance(dtype, pd.CategoricalDtype):  # before ==: it equals "category" too
+        return isinstance(series.dtype, pd.CategoricalDtype) and series.dtype == dtype
+    if dtype == "category":
+        return isinstance(series.dtype, pd.CategoricalDtype)
+    return str(series.dtype) == dtype
 
 
 def _first_uncastable(series: pd.Series, dtype: object) -> object:

@@ -266,6 +266,17 @@ def test_reading_in_worker_processes_gives_the_same_table(tmp_path, monkeypatch)
         tables[workers] = bp.read_traces([tmp_path], progress=False)
     pd.testing.assert_frame_equal(tables["1"], tables["2"])
     assert tables["1"].attrs == tables["2"].attrs
+    # streaming to Parquet: each worker also splits, converts and summarises its file's rows
+    from bayesprism.ingest.parquet import ingest_to_parquet
+    from bayesprism.ingest.summary import summarize_table
+
+    summary = ingest_to_parquet([tmp_path], tmp_path / "job.parquet", progress=False)
+    order = ["rank", "step", "start_us"]
+    streamed = bp.read_table(tmp_path / "job.parquet")[list(tables["1"].columns)]
+    pd.testing.assert_frame_equal(streamed.sort_values(order, ignore_index=True),
+                                  tables["1"].sort_values(order, ignore_index=True),
+                                  check_categorical=False)
+    assert summary == summarize_table(tables["1"])
     monkeypatch.setenv("BAYESPRISM_INGEST_WORKERS", "two")
     with pytest.raises(InputError, match="BAYESPRISM_INGEST_WORKERS"):
         bp.read_traces([tmp_path], progress=False)

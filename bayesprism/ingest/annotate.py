@@ -97,8 +97,14 @@ def _split(key: np.ndarray, *codes: np.ndarray) -> list[tuple[int, ...]]:
     return list(zip(*(p.tolist() for p in reversed(parts)), strict=True))
 
 
-def _ordinals(key: np.ndarray) -> np.ndarray:
-    """Each row's rank among the earlier rows with the same key (a cumulative count)."""
+def ordinals(key: np.ndarray) -> np.ndarray:
+    """Each row's rank among the earlier rows with the same key (a cumulative count).
+
+    Examples
+    --------
+    >>> ordinals(np.array([5, 3, 5, 5, 3])).tolist()
+    [0, 0, 1, 2, 1]
+    """
     order = np.argsort(key, kind="stable")
     sorted_key = key[order]
     index = np.arange(len(key))
@@ -138,10 +144,9 @@ def launch_config(grid: list, block: list) -> np.ndarray:
             return "x".join(str(v) for v in value)
         return "" if value is None else str(value)
 
-    # hash the values once per row, format the few distinct ones
-    codes, first = distinct_codes([(tuple(g) if g.__class__ is list else g,
-                                    tuple(b) if b.__class__ is list else b)
-                                   for g, b in zip(grid, block, strict=True)])
+    # hash the values once per row (the trace reader gives tuples; lists, as a caller may
+    # pass, are compared by their text), format the few distinct ones
+    codes, first = distinct_codes(list(zip(grid, block, strict=True)))
     labels = np.array(["" if grid[i] is None and block[i] is None
                        else f"{text(grid[i])}/{text(block[i])}" for i in first], dtype=object)
     return labels[codes]
@@ -243,7 +248,7 @@ def annotate_rank(df: pd.DataFrame, *, groups: dict[str, Group], rank: int,
     stage = coords.get("pp_stage", 0)
     launch_code, launch_names = pd.factorize(launch)
     step_code = pd.factorize(step)[0]
-    ordinal = _ordinals(_combined(step_code, chunk, kernel_code, launch_code))
+    ordinal = ordinals(_combined(step_code, chunk, kernel_code, launch_code))
     key = _combined(kernel_code, launch_code, kind, ordinal)
     key_values, key_codes = np.unique(key, return_inverse=True)
     key_uniques = _split(key_values, kernel_code, launch_code, kind, ordinal)
@@ -291,8 +296,9 @@ def _label_pipeline(df, step, chunk, is_op, kinds, role, stage: int, stages: int
     # The step's tail: from the last chunk's first data-parallel/global collective or
     # optimizer kernel on (the optimizer step, gradient and parameter collectives).
     last = chunk == len(plan.ops)
-    opener = last & (np.isin(role.astype(str), ("dp", "global"))
-                     | df["kernel_class"].astype(str).isin(TAIL_CLASSES).to_numpy())
+    class_codes, class_names = codes_and_labels(df["kernel_class"])
+    tail_class = np.isin(np.asarray([*class_names, ""], dtype=object), TAIL_CLASSES)
+    opener = last & ((role == "dp") | (role == "global") | tail_class[class_codes])
     tail = np.zeros(len(df), dtype=bool)
     for s in steps:
         rows = np.flatnonzero((step == s) & opener)
@@ -304,4 +310,4 @@ def _label_pipeline(df, step, chunk, is_op, kinds, role, stage: int, stages: int
     df["microbatch"] = pd.array(microbatch, dtype="Float64").astype("Int64")
 
 
-__all__ = ["KEY_SEP", "annotate_rank", "distinct_codes", "launch_config"]
+__all__ = ["KEY_SEP", "annotate_rank", "distinct_codes", "launch_config", "ordinals"]

@@ -46,6 +46,7 @@ from bayesprism.ingest.waits import split_notes, split_wait_transfer
 from bayesprism.schema import (
     ALL_COLUMNS,
     COLLECTIVE_CLASSES,
+    codes_and_labels,
     empty_attrs,
     validate_table,
 )
@@ -212,6 +213,24 @@ def _host_names_usable(files: list[Path]) -> dict[Path, bool]:
 
 
 @dataclass
+class FileFacts:
+    """What the collector needs of one file's rows, taken where the file is read (a worker
+    process), so that its frame need not travel for it: the ranks it holds and the launches
+    of its place keys (:class:`~bayesprism.ingest.signatures.SignatureStats`)."""
+
+    ranks: set[int] = field(default_factory=set)
+    signatures: SignatureStats = field(default_factory=SignatureStats)
+
+    @classmethod
+    def of(cls, df: pd.DataFrame) -> FileFacts:
+        facts = cls()
+        if "rank" in df:
+            facts.ranks = {int(r) for r in pd.unique(df["rank"]) if r >= 0}
+        facts.signatures.add(df)
+        return facts
+
+
+@dataclass
 class IngestCollector:
     """Merges per-file reports into attrs and checks the files of each Kineto run agree."""
 
@@ -242,8 +261,9 @@ class IngestCollector:
             if key != "source_files" and entry.get(key) in (None, "unknown"):
                 entry[key] = value
 
-    def add(self, path: Path, fmt: str, df: pd.DataFrame, report: dict) -> bool:
-        """Merge one file's report; False when it conflicts with the files read before."""
+    def add(self, path: Path, fmt: str, facts: FileFacts, report: dict) -> bool:
+        """Merge one file's report and facts; False when it conflicts with the files read
+        before."""
         source = str(path)
         run = str(report.get("run"))
         ok = True
@@ -257,13 +277,12 @@ class IngestCollector:
         metas = dict(report.get("runs") or {run: report.get("run_meta") or {}})
         for run_name, run_meta in metas.items():
             self._merge_run(str(run_name), dict(run_meta or {}), source)
-        if "rank" in df:
-            self.ranks_by_run.setdefault(run, set()).update(
-                int(r) for r in pd.unique(df["rank"]) if r >= 0)
+        if facts.ranks:
+            self.ranks_by_run.setdefault(run, set()).update(facts.ranks)
         if report.get("layout") is not None:
             self.layouts.setdefault(run, []).append((source, int(report["rank"]),
                                                      report["layout"]))
-        self.signature_stats.add(df)
+        self.signature_stats.merge(facts.signatures)
         return ok
 
     def finish(self) -> dict[str, str]:
@@ -318,8 +337,12 @@ class IngestCollector:
 
 
 def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollector,
-               progress: bool) -> Iterator[pd.DataFrame]:
-    """Read each file with its reader; yields validated frames, collects problems."""
+               progress: bool, finish: Callable | None = None) -> Iterator:
+    """Read each file with its reader; yields validated frames, collects problems.
+
+    ``finish``: a module-level function applied to each validated frame where it was read
+    (in the worker process when there are several); its results are yielded instead.
+    """
     from tqdm.auto import tqdm
 
     paths = [f.path for f in files]
@@ -362,17 +385,17 @@ def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollecto
         if fmt == "kineto":
             file_options["run"] = run_names[f.path]
             file_options["host_from_file_name"] = host_ok[f.path]
-        return reader, f.path, file_options
+        return reader, f.path, file_options, finish
 
-    for (f, (fmt, _)), (df, report, problems) in zip(
+    for (f, (fmt, _)), (part, facts, report, problems) in zip(
             bar, _read_in_order([task(item) for item in sniffed]), strict=True):
         if problems:
             collector.problems.extend(problems)
             continue
         if options.get("layout") and not report.get("layout_applied"):
             report = report_with_layout(report, options["layout"], str(f.path))
-        if collector.add(f.path, fmt, df, report) and not collector.problems:
-            yield df
+        if collector.add(f.path, fmt, facts, report) and not collector.problems:
+            yield part
     if collector.unrecognised:
         shown = ", ".join(collector.unrecognised[:5])
         more = len(collector.unrecognised) - 5
@@ -383,20 +406,23 @@ def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollecto
             warnings.warn(text, IngestWarning, stacklevel=3)
 
 
-def read_file(reader: Callable, path: Path, options: dict) -> tuple:
-    """``(table, report, problems)`` of one file: bad input comes back as problems (so a
+def read_file(reader: Callable, path: Path, options: dict, finish: Callable | None = None
+              ) -> tuple:
+    """``(table, facts, report, problems)`` of one file (``finish(table)`` in place of the
+    table when given, :class:`FileFacts` of its rows): bad input comes back as problems (so a
     worker process can return it), anything else raises."""
     try:
         with warnings.catch_warnings(), paused_gc():
             # Collected as notes and re-emitted once per distinct message after the loop.
             warnings.simplefilter("ignore", IngestWarning)
             df, report = _call_reader(reader, path, options)
-            return validate_table(df, source=str(path)), report, []
+            df = validate_table(df, source=str(path))
+            return (df if finish is None else finish(df)), FileFacts.of(df), report, []
     except InputError as exc:
-        return None, None, [p if isinstance(p, Problem) else Problem(str(path), "", str(p))
-                            for p in exc.problems]
+        return None, None, None, [p if isinstance(p, Problem) else Problem(str(path), "", str(p))
+                                  for p in exc.problems]
     except (OSError, UnicodeDecodeError) as exc:
-        return None, None, [Problem(str(path), "", f"cannot be read: {exc}")]
+        return None, None, None, [Problem(str(path), "", f"cannot be read: {exc}")]
 
 
 def ingest_workers(files: int) -> int:
@@ -474,8 +500,11 @@ def split_collectives(coll: pd.DataFrame, collector: IngestCollector
 
 
 def collective_mask(df: pd.DataFrame) -> np.ndarray:
-    return df["kernel_class"].astype(str).isin(COLLECTIVE_CLASSES).to_numpy() & (
-        df["start_us"].notna().to_numpy() if "start_us" in df else False)
+    """Rows of a collective class with a start time (what the wait/transfer split reads)."""
+    codes, labels = codes_and_labels(df["kernel_class"])
+    is_collective = np.isin(np.asarray([*labels, ""], dtype=object), COLLECTIVE_CLASSES)
+    return is_collective[codes] & (df["start_us"].notna().to_numpy() if "start_us" in df
+                                   else False)
 
 
 def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict | None = None,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import gc
-import gzip
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from isal import igzip, isal_zlib
 
 from bayesprism.errors import Problem, TraceFormatError
 
@@ -26,12 +27,12 @@ def read_bytes(path: Path) -> bytes:
     raw = Path(path).read_bytes()
     if raw[:2] == b"\x1f\x8b":
         try:
-            raw = gzip.decompress(raw)
+            raw = igzip.decompress(raw)
         except EOFError:
             raise TraceFormatError(Problem(
                 source, "", "truncated gzip: the compressed data ends before the end-of-stream "
                 "marker (incomplete copy?)")) from None
-        except (OSError, zlib.error) as exc:
+        except (OSError, zlib.error, isal_zlib.error) as exc:
             raise TraceFormatError(Problem(source, "", f"corrupt gzip data: {exc}")) from None
     return raw
 

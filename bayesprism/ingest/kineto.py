@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from bayesprism.errors import IngestWarning, Problem, TraceFormatError
-from bayesprism.ingest.annotate import annotate_rank, distinct_codes, launch_config
+from bayesprism.ingest.annotate import annotate_rank, distinct_codes, launch_config, ordinals
 from bayesprism.ingest.classify import (
     classify_kernel,
     collective_class,
@@ -377,43 +377,46 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
     strm = _as_float(stream)
 
     platform = _platform(devices_meta, dev)
-    n_keep = int(keep.sum())
+    # the kept rows in time order within each step (sorted before the frame is built: one
+    # gather per array rather than a reindex of every column)
+    kept = np.flatnonzero(keep)
+    rows = kept[np.lexsort((start[kept], step[kept]))]
+    n_keep = len(rows)
 
     def constant(value: str) -> pd.Categorical:
         return pd.Categorical.from_codes(np.zeros(n_keep, dtype=np.int8), categories=[value])
 
+    kernel_rows = kernel_code[rows]
+    step_rows = step[rows]
     df = pd.DataFrame({
         "run": constant(run),
-        "step": step[keep],
+        "step": step_rows,
         "rank": rank,
         "node": constant(node_name),
-        "gpu": dev[keep].astype(np.int64),
-        "kernel": pd.Categorical.from_codes(kernel_code[keep], categories=kernel_names),
-        "kernel_class": pd.Categorical.from_codes(kclass[keep], dtype=KERNEL_CLASS_DTYPE),
-        "duration_us": duration[keep],
-        "start_us": start[keep],
-        "stream": pd.array(strm[keep], dtype="Int64"),
-        "bytes": nbytes[keep],
-        "dtype": pd.Categorical(dtype[keep]),
-        "group_size": group_size[keep],
-        "process_group": pd.Categorical(process_group[keep]),
+        "gpu": dev[rows].astype(np.int64),
+        "kernel": pd.Categorical.from_codes(kernel_rows, categories=kernel_names),
+        "kernel_class": pd.Categorical.from_codes(kclass[rows], dtype=KERNEL_CLASS_DTYPE),
+        "duration_us": duration[rows],
+        "start_us": start[rows],
+        "stream": pd.array(strm[rows], dtype="Int64"),
+        "bytes": nbytes[rows],
+        "dtype": pd.Categorical(dtype[rows]),
+        "group_size": group_size[rows],
+        "process_group": pd.Categorical(process_group[rows]),
         "wait_us": np.nan,
         "transfer_us": np.nan,
         "source": constant(path.name),
+        "occurrence": pd.arrays.IntegerArray(
+            ordinals(step_rows * len(kernel_names) + kernel_rows),
+            np.zeros(n_keep, dtype=bool)),
     })
-    extra = pd.DataFrame({"op": op_name[keep],
-                          "launch": launch_config(scan.grid, scan.block)[keep]})
-    order = np.lexsort((df["start_us"].to_numpy(), df["step"].to_numpy()))
-    df = df.iloc[order].reset_index(drop=True)
-    extra = extra.iloc[order].reset_index(drop=True)
-    df["occurrence"] = df.groupby(["step", "kernel"], sort=False, observed=True).cumcount(
-    ).astype("Int64")
     groups, group_problems = collect_groups(
         info.get("pg_config") if isinstance(info, dict) else None, kernel_groups.values(),
         source)
     df, layout, rank_problems = annotate_rank(
         df, groups=groups, rank=rank, world_size=world_size,
-        op_names=extra["op"].to_numpy(), launch=extra["launch"].to_numpy(), source=source)
+        op_names=op_name[rows], launch=launch_config(scan.grid, scan.block)[rows],
+        source=source)
     if group_problems or rank_problems:
         raise TraceFormatError(group_problems + rank_problems)
     df = coerce_table(df, source)

@@ -10,7 +10,6 @@ JSON) through the standard library.
 
 from __future__ import annotations
 
-import gzip
 import json
 import zlib
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from isal import igzip, isal_zlib
 
 from bayesprism.errors import Problem, TraceFormatError
 from bayesprism.ingest.files import read_bytes
@@ -42,8 +42,9 @@ class _Args(msgspec.Struct, gc=False):
     process_group: Any = msgspec.field(default=None, name="Process Group Name")
     process_group_desc: Any = msgspec.field(default=None, name="Process Group Description")
     process_group_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
-    grid: Any = None
-    block: Any = None
+    # any JSON value, arrays as tuples: launch configurations are hashed per launch
+    grid: tuple | dict | str | int | float | bool | None = None
+    block: tuple | dict | str | int | float | bool | None = None
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -155,14 +156,15 @@ class StreamedTrace:
         """Lists of events in file order; ``metadata`` is set once this is exhausted."""
         try:
             yield from self._slices()
-        except (OSError, EOFError, zlib.error, msgspec.DecodeError, msgspec.ValidationError):
+        except (OSError, EOFError, zlib.error, isal_zlib.error, msgspec.DecodeError,
+                msgspec.ValidationError):
             raise SliceLayoutError from None
 
     def _slices(self) -> Iterator[list[_Event]]:
         with self.path.open("rb") as raw_fh:
             gz = raw_fh.read(2) == b"\x1f\x8b"
             raw_fh.seek(0)
-            fh = gzip.GzipFile(fileobj=raw_fh) if gz else raw_fh
+            fh = igzip.IGzipFile(fileobj=raw_fh) if gz else raw_fh
             buf = bytearray(fh.read(SLICE_BYTES))
             key = buf.find(ARRAY_START)
             if key < 0:

@@ -8,9 +8,9 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -137,33 +137,36 @@ def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = Non
         # added at the end (the attrs), instead of the Arrow schema frozen at the start.
         with pq.ParquetWriter(tmp_out, schema, store_schema=False) as writer, \
                 pq.ParquetWriter(tmp_coll, schema) as coll_writer:
-            for df in iter_frames(files, options, collector, progress):
+            for rest, coll, part in iter_frames(files, options, collector, progress,
+                                                finish=_file_parts):
                 wrote = True
-                coll = collective_mask(df)
-                rest = df.loc[~coll]
-                if len(rest):
-                    writer.write_table(to_arrow(rest, schema))
-                    summary.add(rest)
-                if coll.any():
-                    coll_writer.write_table(to_arrow(df.loc[coll], schema))
+                summary.merge(part)
+                if rest is not None:
+                    writer.write_table(rest)
+                if coll is not None:
+                    coll_writer.write_table(coll)
             coll_writer.close()
             signatures = collector.finish()
             raise_problems(collector, wrote)
             if not signatures:
-                for batch in _collective_batches(tmp_coll, schema, collector, summary):
+                split = _split_side_file(tmp_coll, collector, summary)
+                for batch in _collective_batches(tmp_coll, schema, split):
                     writer.write_batch(batch)
                 writer.add_key_value_metadata(_attrs_metadata(collector))
         if signatures:
             # passes 2 and 3 in one: the written rows and then the collective rows (waits
-            # split off), each batch with its place keys replaced by signatures
-            batches = itertools.chain(
-                pq.ParquetFile(tmp_out, read_dictionary=["signature"]).iter_batches(
-                    batch_size=1 << 18),
-                _collective_batches(tmp_coll, schema, collector, summary))
-            with pq.ParquetWriter(tmp_sig, schema, store_schema=False) as final:
-                for batch in batches:
-                    final.write_batch(_with_signatures(batch, schema, signatures))
-                final.add_key_value_metadata(_attrs_metadata(collector))
+            # split off), each batch with its place keys replaced by signatures. The split
+            # runs in a thread while the written rows are rewritten (Arrow's reading and
+            # writing release the GIL).
+            with ThreadPoolExecutor(1) as pool:
+                split = pool.submit(_split_side_file, tmp_coll, collector, summary)
+                with pq.ParquetWriter(tmp_sig, schema, store_schema=False) as final:
+                    for batch in pq.ParquetFile(tmp_out, read_dictionary=["signature"]
+                                                ).iter_batches(batch_size=1 << 18):
+                        final.write_batch(_with_signatures(batch, schema, signatures))
+                    for batch in _collective_batches(tmp_coll, schema, split.result()):
+                        final.write_batch(_with_signatures(batch, schema, signatures))
+                    final.add_key_value_metadata(_attrs_metadata(collector))
             summary.rename_signatures(signatures)
             tmp_sig.replace(tmp_out)
         tmp_out.replace(out)
@@ -174,34 +177,57 @@ def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = Non
     return summary.result(collector.attrs)
 
 
+def _file_parts(df: pd.DataFrame) -> tuple:
+    """One file's rows as Arrow tables, where the file was read (a worker process): the rows
+    written at once and the collective rows kept for the wait/transfer split (None where
+    there are none), and the summary of all (the split's transfers are counted after it)."""
+    schema = arrow_schema()
+    coll = collective_mask(df)
+    rest = df.loc[~coll]
+    summary = SummaryAccumulator()
+    summary.add(df)
+    return (to_arrow(rest, schema) if len(rest) else None,
+            to_arrow(df.loc[coll], schema) if coll.any() else None, summary)
+
+
 def _attrs_metadata(collector: IngestCollector) -> dict:
     """The run metadata as the Parquet key-value metadata :func:`read_table` restores."""
     return {ATTRS_KEY: json.dumps(_jsonable(collector.attrs)).encode()}
 
 
-def _collective_batches(side_file: Path, schema, collector: IngestCollector,
-                        summary: SummaryAccumulator):
-    """Pass 2: the collective rows of the side file with their durations split into wait and
-    transfer (:mod:`bayesprism.ingest.waits`), as record batches (counted in ``summary``)."""
-    import pyarrow as pa
+def _split_side_file(side_file: Path, collector: IngestCollector,
+                     summary: SummaryAccumulator) -> tuple[np.ndarray, np.ndarray] | None:
+    """Pass 2: the wait and transfer of every collective row of the side file
+    (:mod:`bayesprism.ingest.waits`; the rows with a transfer counted in ``summary``), None
+    when it has no rows."""
     import pyarrow.parquet as pq
 
     side = pq.ParquetFile(side_file)
     if side.metadata.num_rows == 0:
+        return None
+    wait, transfer = split_collectives(side.read(columns=list(SPLIT_COLUMNS)).to_pandas(),
+                                       collector)
+    summary.count_split(int(np.isfinite(transfer).sum()))
+    return wait, transfer
+
+
+def _collective_batches(side_file: Path, schema, split):
+    """The collective rows of the side file as record batches, with the wait and transfer of
+    ``split`` (:func:`_split_side_file`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if split is None:
         return
-    keys = side.read(columns=list(SPLIT_COLUMNS)).to_pandas()
-    wait, transfer = split_collectives(keys, collector)
-    del keys
+    wait, transfer = split
     i_wait, i_transfer = schema.get_field_index("wait_us"), schema.get_field_index("transfer_us")
     offset = 0
-    for batch in side.iter_batches(batch_size=1 << 16):
+    for batch in pq.ParquetFile(side_file).iter_batches(batch_size=1 << 16):
         n = batch.num_rows
         columns = list(batch.columns)
         columns[i_wait] = pa.array(wait[offset:offset + n], type=pa.float64())
         columns[i_transfer] = pa.array(transfer[offset:offset + n], type=pa.float64())
-        out = pa.RecordBatch.from_arrays(columns, schema=schema)
-        summary.add(out.to_pandas())
-        yield out
+        yield pa.RecordBatch.from_arrays(columns, schema=schema)
         offset += n
 
 

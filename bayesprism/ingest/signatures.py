@@ -64,6 +64,14 @@ class SignatureStats:
             self.log_sum[key] = self.log_sum.get(key, 0.0) + float(total[code])
             self.log_square_sum[key] = self.log_square_sum.get(key, 0.0) + float(squares[code])
 
+    def merge(self, other: SignatureStats) -> None:
+        """Add another file's (or worker's) accumulated launches."""
+        for key, n in other.count.items():
+            self.count[key] = self.count.get(key, 0) + n
+            self.log_sum[key] = self.log_sum.get(key, 0.0) + other.log_sum[key]
+            self.log_square_sum[key] = (self.log_square_sum.get(key, 0.0)
+                                        + other.log_square_sum.get(key, 0.0))
+
     def noise(self, keys: list[str]) -> float:
         """Standard error of one key's mean log duration: the pooled within-key sd over the
         typical key's launches (0 when no key has two launches)."""

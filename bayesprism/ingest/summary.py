@@ -55,22 +55,46 @@ class SummaryAccumulator:
             self._collective_rows += int(coll.sum())
             self._split_rows += int((coll & df["transfer_us"].notna().to_numpy()).sum())
         if "role" in df and df["role"].notna().any():
-            nbytes = df["bytes"] if "bytes" in df else pd.Series(0.0, index=df.index)
-            per_role = nbytes.fillna(0.0).groupby(df["role"], observed=True).agg(
-                ["count", "sum"])
-            for role, (count, total) in per_role.iterrows():
-                acc = self._roles.setdefault(str(role), [0, 0.0])
-                acc[0] += int(count)
-                acc[1] += float(total)
+            role_codes, role_labels = codes_and_labels(df["role"])
+            nbytes = (np.nan_to_num(df["bytes"].to_numpy(dtype=np.float64, na_value=np.nan))
+                      if "bytes" in df else np.zeros(len(df)))
+            has_role = role_codes >= 0
+            count = np.bincount(role_codes[has_role], minlength=len(role_labels))
+            total = np.bincount(role_codes[has_role], weights=nbytes[has_role],
+                                minlength=len(role_labels))
+            for i in np.flatnonzero(count):
+                acc = self._roles.setdefault(str(role_labels[i]), [0, 0.0])
+                acc[0] += int(count[i])
+                acc[1] += float(total[i])
         sig = df["signature"] if "signature" in df else None
         if sig is not None and isinstance(sig.dtype, pd.CategoricalDtype):
-            cls = df["kernel_class"].astype("category")
-            pair = np.unique(cls.cat.codes.to_numpy().astype(np.int64) * (len(
-                sig.cat.categories) + 1) + sig.cat.codes.to_numpy())
-            c_codes, s_codes = np.divmod(pair, len(sig.cat.categories) + 1)
-            self._signatures.update(
-                (str(cls.cat.categories[c]), str(sig.cat.categories[k]))
-                for c, k in zip(c_codes, s_codes, strict=True) if k < len(sig.cat.categories))
+            names = sig.cat.categories
+            pair = np.unique(class_codes * (len(names) + 1) + sig.cat.codes.to_numpy())
+            c_codes, s_codes = np.divmod(pair, len(names) + 1)
+            known = (s_codes < len(names)) & (c_codes >= 0)
+            self._signatures.update(zip(
+                [str(class_labels[c]) for c in c_codes[known]],
+                names[s_codes[known]].astype(str).tolist(), strict=True))
+
+    def count_split(self, rows: int) -> None:
+        """Account for collective rows whose wait/transfer split was done after their chunk
+        was added."""
+        self._split_rows += rows
+
+    def merge(self, other: SummaryAccumulator) -> None:
+        """Account for chunks summarised elsewhere (a worker process's)."""
+        self.rows += other.rows
+        self._ranks |= other._ranks
+        self._nodes |= other._nodes
+        self._steps |= other._steps
+        self._signatures |= other._signatures
+        self._collective_rows += other._collective_rows
+        self._split_rows += other._split_rows
+        for mine, theirs in ((self._classes, other._classes), (self._roles, other._roles)):
+            for key, (count, total) in theirs.items():
+                acc = mine.setdefault(key, [0, 0.0])
+                acc[0] += count
+                acc[1] += total
 
     def rename_signatures(self, mapping: dict[str, str]) -> None:
         """Replace place keys counted so far by their signatures

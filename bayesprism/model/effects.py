@@ -282,9 +282,9 @@ def class_scales(name: str, scale_ref, prepared, reference_only: bool = False):
     different patterns could each claim it (dev traces: the step effects followed the
     all-gathers in one chain and the reduce-scatters in the other, R-hat 1.83); a transfer,
     timed after its group's last member arrives, is not slowed by its GPU's compute anyway.
-    Tying the ratios to one
-    reference class instead makes them all move together with that class's noise (a correlated
-    direction a diagonal mass matrix cannot follow: measured ~2x more leapfrog steps).
+    Tying the ratios to one reference class instead makes them all move together with that
+    class's noise (a correlated direction a diagonal mass matrix cannot follow: measured ~2x
+    more leapfrog steps).
     """
     import pymc as pm
     import pytensor.tensor as pt
