@@ -164,21 +164,8 @@ def _compiled_nutpie(model, key: tuple[str, str] | None):
     key = None if key is None else (*key, backend)
     if key is not None and key in _COMPILED:
         return _COMPILED[key]
-    # Variables the model starts at a data estimate (``initval``: tail weight, mixture share,
-    # shift and population scales) start there exactly; the others get nutpie's jitter. Where
-    # a chain starts these decides which of two local explanations of an outlier it settles in
-    # (model.start), and jittered by a factor e they can land in the other one.
-    # (nutpie freezes a JAX model into new variables, so freeze it here, where the sets can
-    # still name them)
-    if backend == "jax":
-        from pymc.model.transform.optimization import freeze_dims_and_data
-
-        model = freeze_dims_and_data(model)
-    started = {rv for rv in model.free_RVs if model.rvs_to_initial_values.get(rv) is not None}
     compiled = nutpie.compile_pymc_model(model, backend=backend, gradient_backend=
-                                         "jax" if backend == "jax" else "pytensor",
-                                         jitter_rvs=set(model.free_RVs) - started,
-                                         freeze_model=False)
+                                         "jax" if backend == "jax" else "pytensor")
     if key is not None:
         if len(_COMPILED) >= _COMPILED_MAX:
             _COMPILED.pop(next(iter(_COMPILED)))

@@ -101,24 +101,30 @@ def test_resolution_of_units_with_one_block_is_their_launches_standard_error():
     assert resolution == pytest.approx(0.1 / np.sqrt(n_launches), rel=0.2)
 
 
-def test_started_variables_begin_at_their_data_starts_and_the_rest_is_jittered():
-    """The scales, tail weights and mixture shares that the model starts at data estimates begin
-    there in every chain; every other coordinate gets nutpie's jitter. (nutpie freezes a JAX
-    model into new variables: a jitter set naming the unfrozen ones jittered nothing at all.)"""
-    from bayesprism.inference import _compiled_nutpie
+def test_chains_start_around_the_data_estimates():
+    """The population scales, tail weights, residual and class sds start at what the data say
+    (nutpie jitters every coordinate around the start, ±1 on the unconstrained scale)."""
     from bayesprism.model.kernel import build_kernel
+    from bayesprism.model.start import (
+        class_spread_start,
+        robust_spread,
+        student_t_nu_start,
+        within_cell_sd,
+    )
 
     table, _ = simulate_trace(nodes=3, gpus=4, steps=5, launches=3)
     prepared = prepare_kernel([table], ModelSpec.default())
-    model = build_kernel(prepared, ModelSpec.default())
-    started = [rv for rv in model.free_RVs if model.rvs_to_initial_values.get(rv) is not None]
-    assert {"resid_scale", "gpu_scale_ref", "gpu_nu_minus_one"} <= {rv.name for rv in started}
-    n_started = sum(model.initial_point()[model.rvs_to_values[rv].name].size for rv in started)
-    compiled = _compiled_nutpie(model, None)
-    first, second = compiled._make_initial_points(1), compiled._make_initial_points(2)
-    same = np.isclose(first, second, rtol=0.0, atol=1e-12)
-    assert same.sum() == n_started
-    assert first.size > n_started
+    d = prepared.data
+    start = build_kernel(prepared, ModelSpec.default()).initial_point()
+    assert np.allclose(np.exp(start["resid_scale_log__"]), within_cell_sd(d))
+    cls = d["kernel_class_of_kernel"]
+    assert np.allclose(np.exp(start["kernel_class_sd_log__"]),
+                       class_spread_start(d["kernel_mean"], cls, int(cls.max()) + 1))
+    gpu = robust_unit_effects(d, "gpu")
+    assert np.exp(start["gpu_scale_ref_log__"]) == pytest.approx(
+        robust_spread(gpu, d["gpu_group"]))
+    assert np.exp(start["gpu_nu_minus_one_log__"]) == pytest.approx(
+        student_t_nu_start(gpu, d["gpu_group"]))
 
 
 def test_student_t_and_episode_starts_read_the_data():

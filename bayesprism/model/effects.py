@@ -137,7 +137,7 @@ def population_logp(effects, family: str, level: str, scale, spec: ModelSpec, re
 
 
 def unit_level(level: str, prepared, spec: ModelSpec, estimate=None, resolution=None,
-               unit_estimate=None):
+               unit_estimate=None, data_starts: bool = False):
     """Per-class loadings and standardised unit effects of one level.
 
     Returns ``(loading, effect, centred)``: loadings (``kernel_class``), the standardised
@@ -160,6 +160,9 @@ def unit_level(level: str, prepared, spec: ModelSpec, estimate=None, resolution=
     1.006-1.011, no divergences. The data cannot tell such small spreads apart, so the floor
     states what the prior there is: a spread the data do not resolve is not believed to be
     exactly zero.
+
+    ``data_starts``: start the population scale (and a Student-t population's ν) at what the
+    unit estimates say (:mod:`bayesprism.model.start`).
 
     ``unit_estimate``: robust per-unit estimates (``start.robust_unit_effects``). A centred
     ``degraded`` level of one group is then sampled per unit: units more than
@@ -191,8 +194,10 @@ def unit_level(level: str, prepared, spec: ModelSpec, estimate=None, resolution=
             centre, step = centre[~is_group_mean], step[~is_group_mean]
         free = centre + step * free
     # starts (model.start): the unit estimates' robust spread and tail weight
-    values = unit_estimate if unit_estimate is not None else (
-        None if estimate is None else estimate[0])
+    values = None
+    if data_starts:
+        values = unit_estimate if unit_estimate is not None else (
+            None if estimate is None else estimate[0])
     scale_start = None if values is None else robust_spread(values, group if nested else None)
     scale = pm.HalfNormal(f"{level}_scale_ref", spec.prior("level_scale"),
                           initval=scale_start) if centred_level else 1.0

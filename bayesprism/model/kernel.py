@@ -705,14 +705,14 @@ def build_kernel(prepared: PreparedData, spec: ModelSpec, rows: bool = False):
 
 
 def _kernel_baselines(kernel_mean: np.ndarray, cls: np.ndarray, n_classes: int, spec: ModelSpec,
-                      se=1.0):
+                      se=1.0, data_start: bool = False):
     """Kernel baselines a_k pooled within class, the class mean integrated out.
 
     a_k ~ N(m_c, sd_c), m_c ~ N(loc, τ): per class the baselines are jointly normal with
     covariance sd_c²·I + τ²·11ᵀ, evaluated in closed form (matrix determinant lemma). Sampling
     m_c instead puts a funnel between m_c and sd_c for classes with one or two kernels.
     ``se``: the data's standard errors of the baselines' Helmert coordinates, the units of
-    ``kernel_log_median_coef``.
+    ``kernel_log_median_coef``; ``data_start``: start the class sds at the kernels' spread.
     """
     import pymc as pm
     import pytensor.tensor as pt
@@ -724,7 +724,8 @@ def _kernel_baselines(kernel_mean: np.ndarray, cls: np.ndarray, n_classes: int, 
     # their launches, make a wall (dev traces: the divergences sat at sd 7e-5 against 0.016)
     prior_mean = spec.prior("kernel_class_sd") * np.sqrt(2.0 / np.pi)
     class_sd = pm.Gamma("kernel_class_sd", 2.0, 2.0 / prior_mean, dims="kernel_class",
-                        initval=class_spread_start(kernel_mean, cls, n_classes))
+                        initval=class_spread_start(kernel_mean, cls, n_classes)
+                        if data_start else None)
     # Data-dominated baselines, sampled as the observed means plus standard errors times
     # kernel_log_median_coef (bayesprism.model.start), in an orthonormal basis whose first
     # vector is the all-kernels mean: the mean of the integrated GPU×step effects shifts every
@@ -777,9 +778,13 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     # appears with the plain coordinates, so it was the model, not the coordinates.)
     centred_coords = not spec.fits_rows
     a_free = _kernel_baselines(d["kernel_mean"], cls, n_classes, spec,
-                               kernel_baseline_se(d) if centred_coords else 1.0)
+                               kernel_baseline_se(d) if centred_coords else 1.0,
+                               data_start=centred_coords)
+    # data starts (model.start) on the cell likelihood, as its centred coordinates: row fits
+    # are small and start well from the priors (and a row mixture's scale is its core's
+    # alone, which the within-cell sd does not measure)
     resid = pm.HalfNormal("resid_scale", spec.prior("resid_scale"), dims="kernel_class",
-                          initval=within_cell_sd(d))
+                          initval=within_cell_sd(d) if centred_coords else None)
 
     # Persistent levels (cabinet, node, GPU) summed per GPU, steps per step unit: the
     # GPU-steps then need one (GPU, step) broadcast or two gathers, not a gather per level
@@ -805,7 +810,8 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
         loading, effect, centred = unit_level(
             level, prepared, spec, estimates.get(level),
             resolution=resolution[level] if level in floored else None,
-            unit_estimate=None if level == "step" else robust_unit_effects(d, level))
+            unit_estimate=None if level == "step" else robust_unit_effects(d, level),
+            data_starts=centred_coords)
         pm.Data(f"{level}_of_gpustep", d[f"{level}_of_gpustep"], dims="gpustep")
         if level == "step":
             step_part = step_part + centred[:, None] * loading[None, :]
@@ -821,7 +827,7 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     gpustep = gpustep_ref = None
     if "gpustep" in attrs["levels"]:
         gpustep_ref = pm.HalfNormal("gpustep_scale_ref", spec.prior("level_scale"),
-                                    initval=gpustep_core_start(d))
+                                    initval=gpustep_core_start(d) if centred_coords else None)
         if spec.population("gpustep") == "degraded":
             # episodes are defined in core sds: a core scale below what one GPU-step's
             # launches resolve lets the sampler wander off to a zero core (and the episodes'
