@@ -211,6 +211,13 @@ def unit_resolution(data: dict, levels: list[str]) -> dict[str, float]:
     return out
 
 
+def _less_group_medians(values: np.ndarray, group: np.ndarray | None) -> np.ndarray:
+    x = np.asarray(values, dtype=float)
+    if group is None or x.size == 0:
+        return x
+    return x - _medians(x, group, int(group.max()) + 1)[group]
+
+
 def student_t_nu_start(values: np.ndarray, group: np.ndarray | None = None) -> float:
     """A start for a Student-t population's ``ν − 1``: the maximum-likelihood ν of the robust
     unit estimates (centred within their groups), between 0.5 and 60.
@@ -231,9 +238,7 @@ def student_t_nu_start(values: np.ndarray, group: np.ndarray | None = None) -> f
     """
     from scipy import stats
 
-    x = np.asarray(values, dtype=float)
-    if group is not None:
-        x = x - _medians(x, group, int(group.max()) + 1)[group]
+    x = _less_group_medians(values, group)
     x = x[np.isfinite(x)]
     spread = 1.4826 * float(np.median(np.abs(x - np.median(x)))) if x.size else 0.0
     if x.size < 8 or spread <= 0.0:
@@ -251,9 +256,7 @@ def robust_spread(values: np.ndarray, group: np.ndarray | None = None) -> float:
     >>> round(robust_spread(np.array([0.0, 0.01, -0.01, 0.02, -0.02, 0.5])), 4)
     0.0222
     """
-    x = np.asarray(values, dtype=float)
-    if group is not None and x.size:
-        x = x - _medians(x, group, int(group.max()) + 1)[group]
+    x = _less_group_medians(values, group)
     if x.size == 0:
         return MIN_SE
     return max(1.4826 * float(np.median(np.abs(x - np.median(x)))), MIN_SE)
@@ -280,13 +283,16 @@ def episode_start(data: dict, spreads: float = 5.0) -> tuple[float, float, float
 
     Examples
     --------
-    >>> data = {"block_n": np.ones((8, 1)), "block_dev": np.r_[np.zeros(7), 0.1][:, None],
-    ...         "gpustep_gpu": np.arange(8) // 4, "gpustep_step": np.arange(8) % 4,
-    ...         "cell_gpustep": np.arange(8), "cell_kernel": np.zeros(8, dtype=int),
-    ...         "kernel_class_of_kernel": np.zeros(1, dtype=int), "cell_n": np.ones(8),
-    ...         "cell_ss": np.zeros(8), "cell_dev": np.r_[np.zeros(7), 0.1]}
-    >>> [round(v, 3) for v in episode_start(data)]
-    [0.125, 0.1, 0.02]
+    Four GPUs × four steps, one GPU-step 10 % slow:
+
+    >>> dev = np.r_[np.zeros(15), 0.1]
+    >>> data = {"block_n": np.ones((16, 1)), "block_dev": dev[:, None],
+    ...         "gpustep_gpu": np.arange(16) // 4, "gpustep_step": np.arange(16) % 4,
+    ...         "cell_gpustep": np.arange(16), "cell_kernel": np.zeros(16, dtype=int),
+    ...         "kernel_class_of_kernel": np.zeros(1, dtype=int), "cell_n": np.ones(16),
+    ...         "cell_ss": np.zeros(16), "cell_dev": dev}
+    >>> [round(v, 4) for v in episode_start(data)]
+    [0.0625, 0.1, 0.02]
     """
     dev = gpustep_deviations(data)
     if dev.size == 0:
