@@ -148,6 +148,19 @@ def codes_and_labels(values: pd.Series, missing: str | None = None) -> tuple[np.
     return codes, labels
 
 
+def category_in(values: pd.Series, allowed) -> np.ndarray:
+    """Boolean mask of the rows whose value is one of ``allowed`` (missing: False), decided
+    once per distinct value (:func:`codes_and_labels`), not per row.
+
+    Examples
+    --------
+    >>> category_in(pd.Series(["gemm", None, "allgather"], dtype="category"), ("allgather",))
+    array([False, False,  True])
+    """
+    codes, labels = codes_and_labels(values)
+    return np.isin(np.asarray([*labels, None], dtype=object), list(allowed))[codes]
+
+
 def empty_attrs() -> dict:
     """Fresh run metadata with the current schema version."""
     return {"schema_version": SCHEMA_VERSION, "runs": {}, "skipped": {}, "notes": []}

@@ -41,7 +41,7 @@ from bayesprism.ingest.groups import (
     rank_coordinates,
     rank_dimensions,
 )
-from bayesprism.schema import COLLECTIVE_CLASSES, codes_and_labels
+from bayesprism.schema import COLLECTIVE_CLASSES, category_in, codes_and_labels
 
 #: Separates the fields of a place key (never in a kernel name).
 KEY_SEP = "\x1f"
@@ -219,9 +219,7 @@ def annotate_rank(df: pd.DataFrame, *, groups: dict[str, Group], rank: int,
     role_of_group = np.array([DIMENSION_ROLE.get(dimension.get(str(p))) for p in pg_names]
                              + [None], dtype=object)
     role = role_of_group[pg_codes]
-    class_codes, class_names = codes_and_labels(df["kernel_class"])
-    coll = np.isin(np.asarray(class_names, dtype=object)[np.maximum(class_codes, 0)],
-                   COLLECTIVE_CLASSES) & (class_codes >= 0)
+    coll = category_in(df["kernel_class"], COLLECTIVE_CLASSES)
     size = df["group_size"].astype("float64").to_numpy(na_value=np.nan)
     if world_size:
         role[coll & pd.isna(role) & (size == world_size)] = "global"
@@ -296,9 +294,8 @@ def _label_pipeline(df, step, chunk, is_op, kinds, role, stage: int, stages: int
     # The step's tail: from the last chunk's first data-parallel/global collective or
     # optimizer kernel on (the optimizer step, gradient and parameter collectives).
     last = chunk == len(plan.ops)
-    class_codes, class_names = codes_and_labels(df["kernel_class"])
-    tail_class = np.isin(np.asarray([*class_names, ""], dtype=object), TAIL_CLASSES)
-    opener = last & ((role == "dp") | (role == "global") | tail_class[class_codes])
+    opener = last & ((role == "dp") | (role == "global")
+                     | category_in(df["kernel_class"], TAIL_CLASSES))
     tail = np.zeros(len(df), dtype=bool)
     for s in steps:
         rows = np.flatnonzero((step == s) & opener)

@@ -46,7 +46,7 @@ from bayesprism.ingest.waits import split_notes, split_wait_transfer
 from bayesprism.schema import (
     ALL_COLUMNS,
     COLLECTIVE_CLASSES,
-    codes_and_labels,
+    category_in,
     empty_attrs,
     validate_table,
 )
@@ -501,10 +501,8 @@ def split_collectives(coll: pd.DataFrame, collector: IngestCollector
 
 def collective_mask(df: pd.DataFrame) -> np.ndarray:
     """Rows of a collective class with a start time (what the wait/transfer split reads)."""
-    codes, labels = codes_and_labels(df["kernel_class"])
-    is_collective = np.isin(np.asarray([*labels, ""], dtype=object), COLLECTIVE_CLASSES)
-    return is_collective[codes] & (df["start_us"].notna().to_numpy() if "start_us" in df
-                                   else False)
+    return category_in(df["kernel_class"], COLLECTIVE_CLASSES) & (
+        df["start_us"].notna().to_numpy() if "start_us" in df else False)
 
 
 def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict | None = None,

@@ -810,7 +810,8 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
         loading, effect, centred = unit_level(
             level, prepared, spec, estimates.get(level),
             resolution=resolution[level] if level in floored else None,
-            unit_estimate=None if level == "step" else robust_unit_effects(d, level),
+            unit_estimate=robust_unit_effects(d, level) if level != "step" and (
+                centred_coords or spec.population(level) == "degraded") else None,
             data_starts=centred_coords)
         pm.Data(f"{level}_of_gpustep", d[f"{level}_of_gpustep"], dims="gpustep")
         if level == "step":
