@@ -96,6 +96,11 @@ def problem_cases(tmp_path: Path) -> dict[str, tuple[list[Path], list[str]]]:
         f"error: {truncated}: truncated gzip: the compressed data ends before the end-of-stream "
         "marker (incomplete copy?)"])
 
+    corrupt = tmp_path / "corrupt" / "r0.json.gz"
+    corrupt.parent.mkdir()
+    corrupt.write_bytes(b"\x1f\x8b\x08\x00" + b"not deflate data" * 4)
+    cases["corrupt gzip"] = ([corrupt], [f"error: {corrupt}: cannot be read: corrupt gzip data: "])
+
     invalid = write(tmp_path / "invalid" / "r0.json", json.dumps(good)[:-40])
     cases["invalid json"] = ([invalid], [f"error: {invalid}: invalid JSON: "])
 
@@ -166,7 +171,7 @@ def problem_cases(tmp_path: Path) -> dict[str, tuple[list[Path], list[str]]]:
     return cases
 
 
-CASES = ["truncated gzip", "invalid json", "no kernels", "missing distributedInfo",
+CASES = ["truncated gzip", "corrupt gzip", "invalid json", "no kernels", "missing distributedInfo",
          "no ProfilerStep", "kernel without name", "same rank twice", "different world size",
          "different jobs", "empty directory", "missing file", "glob without match",
          "unrecognised explicit file"]

@@ -123,7 +123,8 @@ def expand_paths(paths: str | Path | Iterable[str | Path]) -> tuple[list[TraceFi
 
 
 def read_head(path: Path, size: int = HEAD_BYTES) -> bytes:
-    """First ``size`` bytes of a file, decompressed when it is gzip (partial data tolerated)."""
+    """First ``size`` bytes of a file, decompressed when it is gzip (partial data tolerated;
+    OSError when not one byte decompresses)."""
     with path.open("rb") as fh:
         raw = fh.read(size)
         if raw[:2] != b"\x1f\x8b":
@@ -133,7 +134,9 @@ def read_head(path: Path, size: int = HEAD_BYTES) -> bytes:
         while len(out) < size:
             try:
                 out += decomp.decompress(raw, size - len(out))
-            except zlib.error:
+            except zlib.error as exc:
+                if not out:  # nothing readable at all: not an empty file
+                    raise OSError(0, f"corrupt gzip data: {exc}") from None
                 return out
             raw = decomp.unconsumed_tail or fh.read(size)
             if not raw or decomp.eof:
