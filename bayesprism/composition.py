@@ -22,6 +22,9 @@ step, moment-matched by one lognormal factor (mean ``E[exp(resid)]``, relative v
 micro-batch to the next within a step are therefore neglected (CV ~ s/sqrt(n), below 1% for
 hundreds of launches). Collective transfers get one lognormal noise factor per step per term,
 moment-matched the same way, times ``exp(coll_congestion * eta)`` with ``eta`` shared by the step.
+A cluster (a draw) has a node with a degraded inter-node link with probability
+``1 - (1 - coll_degraded_rate)^nodes``; then every inter-node transfer of every step moves its
+bytes ``exp(coll_degraded_log_slowdown)`` times slower (one slow group holds up the step).
 
 A synchronisation ends when its last member arrives, plus the transfer: the tensor-parallel
 group of a stage runs each micro-batch at the pace of its slowest member (max of sums over the
@@ -119,6 +122,7 @@ resampled from a draw's replicates is one run on one fixed cluster.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -175,6 +179,7 @@ class _Streams:
     order: np.random.Generator  # fast path: order-statistic uniforms of the slowest nodes
     layout: np.random.Generator  # fast path: replicas and stages of the slowest nodes
     idle: np.random.Generator  # host idle before synchronisations (order statistics)
+    fabric: np.random.Generator  # whether the cluster has a node with a degraded link
 
     @classmethod
     def from_generator(cls, rng: np.random.Generator) -> _Streams:
@@ -182,7 +187,7 @@ class _Streams:
         # the same streams and successive calls with one generator get fresh streams
         root = np.random.SeedSequence(rng.integers(0, 2**63, size=4).tolist())
         # spawn keys are stable: adding a stream never changes the numbers of earlier ones
-        return cls(*(np.random.default_rng(child) for child in root.spawn(7)))
+        return cls(*(np.random.default_rng(child) for child in root.spawn(8)))
 
 
 def rank_law(model: PlanModel) -> RankLaw:
@@ -191,8 +196,12 @@ def rank_law(model: PlanModel) -> RankLaw:
                    model.resid_mu, model.resid_sd, model.gpus_per_node, model.gpustep_slow)
 
 
-def _draw_shared(model: PlanModel, replicates: int, rng: np.random.Generator) -> _Shared:
+def _draw_shared(model: PlanModel, replicates: int, rng: np.random.Generator,
+                 fabric: np.random.Generator) -> _Shared:
     d, r = model.draws, replicates
+    # a degraded link is a property of the cluster (the draw): every step of it pays
+    degraded = (fabric.random(d) < model.degraded_prob if model.degraded_prob is not None
+                else np.zeros(d, dtype=bool))
     w = rng.standard_normal((d, r))
     kinds = sorted({c.kind for c in model.comms})
     eta = {kind: rng.standard_normal((d, r)) for kind in kinds}
@@ -205,10 +214,13 @@ def _draw_shared(model: PlanModel, replicates: int, rng: np.random.Generator) ->
             + term.noise_sd_log[:, None] * xi
             + term.congestion_sd[:, None] * eta[term.kind]
         )
+        det = term.det_us
+        if term.degraded_extra_us is not None:
+            det = det + np.where(degraded, term.degraded_extra_us, 0.0)
         if term.stage is None:
-            totals[term.where] += term.det_us[:, None] * factor
+            totals[term.where] += det[:, None] * factor
         else:
-            per_stage[term.where][..., term.stage] += term.det_us[:, None] * factor
+            per_stage[term.where][..., term.stage] += det[:, None] * factor
     return _shared_of(model, model.loading["step"][:, None] * w, totals, per_stage)
 
 
@@ -685,7 +697,7 @@ def compose(
     ideal_s = _ideal_from_model(typical_model, _residual_mean(model))
     schedule = _schedule_for(model, typical_model)
     streams = _Streams.from_generator(rng)
-    shared = _draw_shared(model, replicates, streams.shared)
+    shared = _draw_shared(model, replicates, streams.shared, streams.fabric)
     use_exact = plan.gpus <= EXACT_MAX_GPUS if exact is None else bool(exact)
     n_nodes = math.ceil(plan.gpus / model.gpus_per_node)
     if not use_exact and cluster is not None and cluster.nodes[:n_nodes]:
@@ -705,4 +717,8 @@ def compose(
             model, posterior, schedule, shared, replicates, streams, log_cap)
     _warn_if_capped(model, posterior, capped, max_slowdown)
     idle = _idle_draws(model, replicates, streams.idle, log_cap)
-    return _assemble(model, shared, schedule, finish, mean_mult, max_mult, idle, ideal_s)
+    draws = _assemble(model, shared, schedule, finish, mean_mult, max_mult, idle, ideal_s)
+    if model.degraded_prob is not None:
+        draws = dataclasses.replace(
+            draws, degraded_link_probability=float(model.degraded_prob.mean()))
+    return draws

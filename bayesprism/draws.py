@@ -22,6 +22,8 @@ class StepDraws:
     bubble_s: np.ndarray
     wait_s: np.ndarray
     ideal_step_time_s: float
+    # P(the cluster has a node with a degraded inter-node link), averaged over posterior draws
+    degraded_link_probability: float = float("nan")
 
     def __post_init__(self) -> None:
         shape = self.step_time_s.shape

@@ -93,3 +93,7 @@ class IngestWarning(UserWarning):
 
 class ConvergenceWarning(UserWarning):
     """A fit has divergences, R-hat above the threshold, or too few effective draws."""
+
+
+class ArtifactWarning(UserWarning):
+    """A saved artifact was written by another bayesprism version (read, but said)."""

@@ -27,6 +27,9 @@ Definitions (used by the report and the CLI):
   normal with the draw's mean and variance (``steps * mean``, ``steps * var``; the central
   limit theorem, steps independent given the draw).
   ``finish_probability[T]`` = P(training time <= T).
+* ``degraded_link_probability`` is P(the plan's nodes include one with a degraded inter-node
+  link), averaged over posterior draws (``bayesprism.composition``); the step-time draws include
+  those clusters. Absent for step-level posteriors.
 * ``breakdown_s`` holds the means of ``compute_s``, ``exposed_comm_s``, ``bubble_s`` and
   ``wait_s``, which add up to the step time draw by draw (see ``bayesprism.composition``).
 """
@@ -62,6 +65,58 @@ def _as_plans(plans) -> list[ParallelPlan]:
         raise InputError(Problem("arguments", "plans", "must be ParallelPlan objects",
                                  len(bad), type(bad[0]).__name__))
     return plans
+
+
+#: Plan fields the step-level model has no term for, with their neutral values: a step-level
+#: posterior forecasting a plan that sets one would ignore it without a word.
+STEP_MODEL_IGNORES: dict[str, object] = {
+    "ep": 1, "sharding": "none", "overlap": 0.0, "activation_bytes": None,
+    "gradient_bytes": None,
+}
+
+
+def check_plans_for_model(posterior: xr.DataTree, plans: Sequence[ParallelPlan],
+                          cluster: Cluster | None = None) -> None:
+    """Refuse plans (and a cluster) the posterior's kind of model cannot forecast.
+
+    A step-level posterior (MLPerf-style step-time logs) knows the data-, tensor- and
+    pipeline-parallel sizes, micro-batches and interleaving of its runs, nothing of expert
+    parallelism, sharding, overlap, message sizes, link tiers or measured nodes: a plan or
+    cluster that sets those asks a kernel-level question.
+
+    Parameters
+    ----------
+    posterior
+        The fit.
+    plans
+        The plans to forecast.
+    cluster
+        The cluster, if any.
+
+    Raises
+    ------
+    InputError
+        One problem per plan field (or cluster field) the model cannot use, naming the plan,
+        the field and its value.
+    """
+    if posterior.attrs.get("model_kind") != "step":
+        return
+    problems = []
+    for plan in plans:
+        for name, neutral in STEP_MODEL_IGNORES.items():
+            value = getattr(plan, name)
+            if value != neutral:
+                problems.append(Problem(
+                    f"{plan.source} {plan.name!r}", name,
+                    "a step-level posterior cannot forecast it (the step model has no term for "
+                    "it; fit a kernel-level model on traces for this plan)", example=value))
+    if cluster is not None:
+        for name in ("tiers", "nodes"):
+            if getattr(cluster, name):
+                problems.append(Problem(cluster.source, name, "a step-level posterior cannot "
+                                        "use it (it knows no link tiers or measured nodes)"))
+    if problems:
+        raise InputError(problems)
 
 
 def _unique_names(plans: list[ParallelPlan]) -> list[str]:
@@ -171,6 +226,7 @@ def forecast(
     if deadlines and any(s is None for s in plan_steps):
         raise InputError(Problem("arguments", "deadlines_s", "finish probabilities need steps"))
     baselines = _per_plan(baseline_s, len(plans), "baseline_s")
+    check_plans_for_model(posterior, plans, cluster)
     thinned = _thin(posterior, draws)
 
     iterator = plans
@@ -198,6 +254,8 @@ def forecast(
             ("step_time_s", *COMPONENTS)}
     ideal = np.array([r.ideal_step_time_s for r in results])
     data["ideal_step_time_s"] = ("plan", ideal)
+    data["degraded_link_probability"] = ("plan", np.array(
+        [r.degraded_link_probability for r in results]))
     base = np.array([ideal[i] if b is None else float(b) for i, b in enumerate(baselines)])
     data["baseline_step_time_s"] = ("plan", base)
     step = data["step_time_s"][1]
@@ -234,6 +292,9 @@ def forecast(
         "posterior_spec_hash": str(posterior.attrs.get("spec_hash", "")),
         "model_kind": str(posterior.attrs.get("model_kind", "kernel")),
         "baseline": "ideal" if baseline_s is None else "user",
+        # degraded links learned from several allocations' transfers, or their priors only
+        "degraded_link": ("fitted" if "coll_degraded_rate" in posterior["posterior"]
+                          else "prior"),
     }
     return xr.DataTree(xr.Dataset(data, coords=coords, attrs=attrs))
 
@@ -278,6 +339,9 @@ def summarize_forecast(forecast_dt: xr.DataTree, *, include_draws: bool = False)
         step = one["step_time_s"].transpose("draw", "replicate").to_numpy()
         entry["step_time_s"] = _quantiles(step)
         entry["ideal_step_time_s"] = float(one["ideal_step_time_s"])
+        if np.isfinite(one.get("degraded_link_probability", np.nan)):
+            entry["degraded_link_probability"] = float(one["degraded_link_probability"])
+            entry["degraded_link"] = str(ds.attrs.get("degraded_link", "prior"))
         entry["slowdown_probability"] = {
             _threshold_key(float(x)): float(p)
             for x, p in zip(ds["threshold"].to_numpy(), one["slowdown_probability"].to_numpy(),

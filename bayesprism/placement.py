@@ -335,6 +335,9 @@ def place(
         also changes bubble and data-parallel communication, which this gain includes);
         ``node_effect_mean``; ``compositions``; ``draws``, ``replicates``, ``random_seed``.
     """
+    if not (isinstance(drain, int) and not isinstance(drain, bool) and drain >= 0):
+        raise InputError(Problem("arguments", "drain", "must be a whole number >= 0",
+                                 example=drain))
     check_kernel_posterior(posterior, "placement")
     if objective not in OBJECTIVES:
         raise InputError(
@@ -362,6 +365,11 @@ def place(
             )
         )
     slowest_first = [n for n in ranking if n in set(candidates)]
+    if drain > len(slowest_first):
+        # checked before the search: it takes most of the run
+        raise InputError(Problem("arguments", "drain", f"must be between 0 and "
+                                 f"{len(slowest_first)} (the measured nodes to place)",
+                                 example=drain))
     evaluator = _Evaluator(thinned, plan, cluster, objective, replicates, random_seed)
 
     search = _optimise(evaluator, slots, slowest_first, max_compositions)

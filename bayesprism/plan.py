@@ -77,14 +77,30 @@ def _is_number(value: object) -> bool:
 _REQUIRED_INTS = ("dp", "tp", "pp", "cp", "ep", "microbatches", "virtual_stages", "gpus_per_node")
 _OPTIONAL_INTS = ("steps", "layers", "world_size")
 _OPTIONAL_NUMBERS = ("activation_bytes", "gradient_bytes", "micro_batch_size")
+#: Largest world size a plan may ask about: 100 times the largest training clusters, so a typo
+#: (dp = 10**12) is an error at the boundary rather than a failure deep in the fast path.
+MAX_GPUS = 10_000_000
+#: Largest allowed value of each numeric plan field (the smallest is 1, or above 0).
+FIELD_MAX: dict[str, float] = {
+    **dict.fromkeys(("dp", "tp", "pp", "cp", "ep", "world_size"), MAX_GPUS),
+    "microbatches": 1_000_000, "virtual_stages": 10_000, "gpus_per_node": 1024,
+    "steps": 10**12, "layers": 1_000_000,
+    "activation_bytes": 1e15, "gradient_bytes": 1e18, "micro_batch_size": 1e9,
+}
 
 
 def _field_problem(name: str, value: object) -> str | None:
     """Why one plan field's value is out of range, or None when it is fine."""
     if name in _REQUIRED_INTS or (name in _OPTIONAL_INTS and value is not None):
-        return None if _is_positive_int(value) else "must be a positive integer"
+        if not _is_positive_int(value):
+            return "must be a positive integer"
+        return None if value <= FIELD_MAX[name] else \
+            f"must be a positive integer <= {FIELD_MAX[name]:,}"
     if name in _OPTIONAL_NUMBERS and value is not None:
-        return None if _is_number(value) and value > 0 else "must be a positive number"
+        if not (_is_number(value) and math.isfinite(value) and value > 0):
+            return "must be a positive number"
+        return None if value <= FIELD_MAX[name] else \
+            f"must be a positive number <= {FIELD_MAX[name]:g}"
     if name == "name" and value is not None and not isinstance(value, str):
         return "must be a string"
     if name == "overlap" and not (_is_number(value) and 0.0 <= float(value) <= 1.0):
@@ -217,6 +233,9 @@ class ParallelPlan:
             return problems, notes
 
         gpus = self.gpus
+        if gpus > MAX_GPUS:
+            bad("dp", f"dp*tp*pp*cp = {gpus:,} GPUs exceeds the largest plan allowed, "
+                f"{MAX_GPUS:,} GPUs", self.dp)
         if self.world_size is not None and self.world_size != gpus:
             bad(
                 "world_size",
@@ -331,6 +350,12 @@ class ParallelPlan:
             tables = [data]
         if not tables or not all(isinstance(t, dict) for t in tables):
             raise PlanError(Problem(str(path), "plan", "no plan table found"))
+        empty = [i for i, t in enumerate(tables) if not t]
+        if empty:
+            where = str(path) if len(tables) == 1 else f"{path}[plan {empty[0]}]"
+            # an empty table would silently forecast the default 1-GPU plan
+            raise PlanError(Problem(where, "plan", "no plan fields (the file or table is "
+                                    "empty); give at least dp, e.g. dp = 8"))
         plans: list[ParallelPlan] = []
         problems: list[Problem | str] = []
         for index, table in enumerate(tables):
@@ -345,11 +370,18 @@ class ParallelPlan:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise PlanError(Problem(str(path), "", "is a directory, expected a plan file (TOML)"))
     try:
         with path.open("rb") as handle:
             return tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
         raise PlanError(Problem(str(path), "", f"invalid TOML: {exc}")) from None
+    except UnicodeDecodeError as exc:
+        raise PlanError(Problem(str(path), "", f"not UTF-8 text (byte {exc.start}: "
+                                f"{exc.reason}); TOML files are UTF-8")) from None
+    except RecursionError:
+        raise PlanError(Problem(str(path), "", "invalid TOML: nested too deeply")) from None
 
 
 @dataclass(frozen=True)

@@ -300,8 +300,9 @@ def write_report(
     )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(document, encoding="utf-8")
-    return path
+    from bayesprism.outputs import write_text_atomic
+
+    return write_text_atomic(path, document)
 
 
 def _version() -> str:

@@ -101,6 +101,10 @@ OPTIONAL_COLUMNS: dict[str, object] = {
 ALL_COLUMNS: dict[str, object] = {**REQUIRED_COLUMNS, **OPTIONAL_COLUMNS}
 
 
+#: Longest duration a row may have: a day, in µs. Longer is a unit mix-up or a damaged file.
+MAX_DURATION_US = 86_400e6
+
+
 def signature_as_kernel(table: pd.DataFrame) -> pd.DataFrame:
     """The table with each row's ``signature`` as its ``kernel`` (DESIGN §3): what the model
     and the inventory treat as one kernel. Rows without a signature keep their kernel name.
@@ -192,7 +196,20 @@ def coerce_table(df: pd.DataFrame, source: str = "table") -> pd.DataFrame:
             continue
         try:
             if dtype in ("int64", "Int64", "float64"):
+                if pd.api.types.is_bool_dtype(series):
+                    problems.append(Problem(source, col, "must be numbers, not true/false",
+                                            example=series.iloc[0]))
+                    continue
                 series = pd.to_numeric(series, errors="raise")
+                if dtype != "float64" and pd.api.types.is_float_dtype(series):
+                    values = series.to_numpy(dtype=np.float64, na_value=np.nan)
+                    # a cast would truncate 10.5 to 10 without a word
+                    fractional = np.isfinite(values) & (values != np.round(values))
+                    if fractional.any():
+                        problems.append(Problem(source, col, "must be whole numbers",
+                                                int(fractional.sum()),
+                                                values[fractional][0]))
+                        continue
             if dtype == "category" and not isinstance(series.dtype, pd.CategoricalDtype):
                 series = series.astype(str)
             out[col] = series.astype(dtype)
@@ -274,6 +291,8 @@ def validate_table(df: pd.DataFrame, source: str = "table") -> pd.DataFrame:
     check(dur.isna(), "duration_us", "is missing (NaN)")
     check(~np.isfinite(dur.fillna(1.0)), "duration_us", "is infinite")
     check(dur.fillna(1.0) <= 0, "duration_us", "must be > 0 µs")
+    check(np.isfinite(dur.fillna(1.0)) & (dur.fillna(1.0) > MAX_DURATION_US), "duration_us",
+          f"is longer than a day ({MAX_DURATION_US:.0f} µs): not a duration in µs")
     for col in ("run", "node", "kernel", "kernel_class"):
         check(df[col].isna(), col, "is missing")
     step_rows = (df["kernel_class"] == "step").to_numpy()

@@ -60,6 +60,11 @@ DEFAULT_PRIORS: dict[str, float] = {
     # half-normal scale of γ: inter-node bus bandwidth falls as (nodes / 2)^-γ (0.05: a ring
     # over 512 nodes at ~0.8x the 2-node bandwidth, at the prior median)
     "fabric_exponent": 0.05,
+    # degraded links: a node's inter-node link is degraded in an allocation with probability
+    # r ~ Beta(1, b) (b = 499: one node in 500), and a collective then moves its bytes
+    # exp(δ) times slower, δ ~ half-normal (1.0: ~2x at the prior median)
+    "degraded_link_beta": 499.0,
+    "degraded_link_slowdown": 1.0,
     "coll_noise": 0.3,  # half-normal scale of the lognormal transfer noise
     "coll_congestion": 0.2,  # half-normal scale of the per-step congestion sd
 }

@@ -387,6 +387,10 @@ class PosteriorArrays:
     class_scale: dict  # (level, kernel class) -> (D,), levels of LEVELS and "resid"
     coll_cost: dict  # (variable, collective, tier) -> (D,)
     fabric_exponent: np.ndarray | None  # (D,) γ of the inter-node bandwidth, None: not fitted
+    # (rate, log slowdown), each (D,): a node's link is degraded in an allocation with
+    # probability ``rate``, and inter-node transfers then move their bytes exp(slowdown) times
+    # slower (bayesprism.model.kernel); None without a cost model
+    degraded_link: tuple[np.ndarray, np.ndarray] | None
     coll_spread: dict  # (variable, collective) -> (D,): coll_noise, coll_congestion
     idle: IdleLaw
     # kernel class -> (resid_slow_weight, resid_slow_shift, resid_slow_sd), each (D,): the slow
@@ -461,6 +465,32 @@ def _fabric_exponent(posterior: xr.DataTree, group: xr.Dataset, costed: bool
     return scale * special.ndtri(0.5 + 0.5 * level)
 
 
+def _degraded_link(posterior: xr.DataTree, group: xr.Dataset, costed: bool
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
+    """(rate, log slowdown) per draw of degraded inter-node links: fitted, or, where the fit
+    saw no inter-node transfer, their priors (stratified quantiles in fixed shuffled orders,
+    independent of each other and of the other parameters); None without a cost model."""
+    if "coll_degraded_rate" in group:
+        return (flat_draws(group["coll_degraded_rate"]),
+                flat_draws(group["coll_degraded_log_slowdown"]))
+    if not costed:
+        return None
+    from scipy import special
+
+    from bayesprism.spec import DEFAULT_PRIORS, ModelSpec
+
+    stored = posterior.attrs.get("spec")
+    spec = ModelSpec.from_dict(json.loads(stored)) if stored else None
+    beta, scale = (spec.prior(name) if spec else DEFAULT_PRIORS[name]
+                   for name in ("degraded_link_beta", "degraded_link_slowdown"))
+    draws = group.sizes["chain"] * group.sizes["draw"]
+    rng = np.random.default_rng([draws, 1])
+    level = (rng.permutation(draws) + 0.5) / draws
+    rate = -np.expm1(np.log1p(-level) / beta)  # Beta(1, b) quantile
+    level = (rng.permutation(draws) + 0.5) / draws
+    return rate, scale * special.ndtri(0.5 + 0.5 * level)
+
+
 def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
     group = posterior["posterior"].to_dataset()
     inventory = posterior["inventory"].to_dataset()
@@ -524,6 +554,7 @@ def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
         class_scale=class_scale,
         coll_cost=coll_cost,
         fabric_exponent=_fabric_exponent(posterior, group, bool(modelled)),
+        degraded_link=_degraded_link(posterior, group, bool(modelled)),
         coll_spread=coll_spread,
         idle=_traced_idle_law(group, inventory, modelled, traced["gpus_per_node"]),
     )
@@ -570,6 +601,8 @@ class CommTerm:
     congestion_sd: np.ndarray  # (D,)
     # the pipeline stage whose own traffic it is ("dp", "stage"), None: every stage
     stage: int | None = None
+    # (D,) extra time when the allocation has a degraded link (inter-node terms), None: none
+    degraded_extra_us: np.ndarray | None = None
 
 
 @dataclass
@@ -592,6 +625,8 @@ class PlanModel:
     idle_group: np.ndarray | None = None
     # GPU×step episodes (weight, shift, sd in core sds), each (D,); None: normal transients
     gpustep_slow: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    # (D,) probability that the plan's allocation has a node with a degraded link; None: 0
+    degraded_prob: np.ndarray | None = None
 
     @property
     def draws(self) -> int:
@@ -915,6 +950,8 @@ def build_plan_model(
         idle_var=idle_var,
         idle_group=np.array([sync_group(plan, role) for role in law.roles], dtype=np.int64),
         gpustep_slow=None if typical else arrays.gpustep_slow,
+        degraded_prob=(None if typical or arrays.degraded_link is None else
+                       1.0 - (1.0 - arrays.degraded_link[0]) ** math.ceil(plan.gpus / gpn)),
     )
 
 
@@ -977,6 +1014,11 @@ def _comm_term(arrays: PosteriorArrays, spec: CommSpec, per_draw, typical: bool,
         bandwidth = bandwidth * (max(spec.nodes, 2) / 2.0) ** -per_draw(arrays.fabric_exponent)
     one = collectives.transfer_time_us(kind, size, nbytes, latency, bandwidth, spec.algorithm)
     draws = one.shape[0]
+    extra = None
+    if tier == "inter" and arrays.degraded_link is not None and not typical:
+        slowed = bandwidth * np.exp(-arrays.degraded_link[1])
+        extra = count * (collectives.transfer_time_us(kind, size, nbytes, latency, slowed,
+                                                      spec.algorithm) - one)
 
     def scalar(name: str) -> np.ndarray:
         values = arrays.coll_spread.get((name, source))
@@ -989,4 +1031,4 @@ def _comm_term(arrays: PosteriorArrays, spec: CommSpec, per_draw, typical: bool,
     rel_var = np.expm1(noise**2) / launches
     s2 = np.log1p(rel_var)
     return CommTerm(kind, where, count * one, 0.5 * noise**2 - 0.5 * s2, np.sqrt(s2),
-                    scalar("coll_congestion"), stage)
+                    scalar("coll_congestion"), stage, extra)

@@ -132,6 +132,7 @@ def kernel_posterior(
     bandwidth_gbps: Mapping[str, float | Sequence[float]] | None = None,
     coll_noise: float | Mapping[str, float] = 0.0,
     coll_congestion: float | Mapping[str, float] = 0.0,
+    degraded_link: tuple[float, float] | None = (0.0, 0.0),
     traced_plan: Mapping[str, int] | None = None,
     gpus_per_node: int = 8,
     traced_ranks: int | None = None,
@@ -168,6 +169,8 @@ def kernel_posterior(
         by every collective or one value per collective.
     coll_noise, coll_congestion
         A number shared by every collective, or per collective (unlisted: 0).
+    degraded_link
+        ``(coll_degraded_rate, coll_degraded_log_slowdown)``; None: absent (their priors).
     traced_plan
         Degrees of the traced plan (unlisted: 1; see :func:`full_plan`).
     traced_ranks
@@ -203,6 +206,9 @@ def kernel_posterior(
         "coll_noise": const(_per_collective(coll_noise, collectives), "collective"),
         "coll_congestion": const(_per_collective(coll_congestion, collectives), "collective"),
     }
+    if degraded_link is not None:
+        post["coll_degraded_rate"] = const(degraded_link[0])
+        post["coll_degraded_log_slowdown"] = const(degraded_link[1])
     for level in LEVELS:
         chosen = (scales or {}).get(level, {})
         post[f"{level}_scale"] = const([chosen.get(c, 0.0) for c in classes], "kernel_class")

@@ -245,3 +245,35 @@ def test_benchmark_runs_get_noise_and_congestion_of_their_own():
     # a benchmark alone keeps the public scales
     alone = prepare([bench], spec)
     assert "coll_benchmarked" not in alone.coords
+
+
+def test_recovers_degraded_links_from_benchmark_sweeps():
+    # nccl-tests-like sweeps on 2-32 nodes, 8 each, bus bandwidth falling as (n / 2)^-0.05;
+    # three of them ran on an allocation with a degraded link (bandwidth halved for every
+    # size). The mixture finds the slowdown, the rate per node stays near 3 in the 496 nodes
+    # swept, and the slow sweeps do not inflate the congestion or bias the bandwidth.
+    lat, bw, slowdown = (3.0, 8.0), (350.0, 45.0), np.log(2.0)
+    degraded = {7, 21, 38}
+    parts = []
+    for i, nodes in enumerate(np.repeat([2, 4, 8, 16, 32], 8)):
+        part = collective_table(
+            [(8 * nodes, b) for b in (1e6, 1e8, 1e9)], latency=lat,
+            bandwidth=(bw[0], bw[1] / (2.0 if i in degraded else 1.0)), steps=1, launches=1,
+            noise=0.03, congestion=0.02, seed=100 + i, kind="allgather", run="bench",
+            fabric=0.05)
+        parts.append(part.assign(step=i, rank=i))
+    table = pd.concat(parts, ignore_index=True)
+    table.attrs["runs"] = {"bench": {"gpus_per_node": 8, "benchmark": True}}
+    spec = ModelSpec()
+    tree = _sample(build(prepare([table], spec), spec), seed=6)
+    post = tree.posterior
+    assert float(post["coll_degraded_log_slowdown"].mean()) == pytest.approx(slowdown, abs=0.1)
+    rate = post["coll_degraded_rate"].to_numpy()
+    assert 0.002 < float(np.median(rate)) < 0.02
+    assert float(post["coll_congestion"].mean()) < 0.05
+    assert float(post["coll_fabric_exponent"].mean()) == pytest.approx(0.05, abs=0.015)
+    inter_bw = post["coll_bandwidth_gbps"].sel(collective="allgather", tier="inter")
+    assert float(inter_bw.mean()) == pytest.approx(bw[1], rel=0.05)
+    r_hat, ess, divergences = _convergence(
+        tree, ["coll_degraded_rate", "coll_degraded_log_slowdown", "coll_bandwidth_gbps"])
+    assert r_hat <= 1.01 and ess >= 200 and divergences == 0

@@ -55,7 +55,7 @@ def test_ingest_into_a_missing_folder_is_one_clear_error(tmp_path, capsys):
     out = tmp_path / "missing" / "t.parquet"
     code, _, err = run_cli(capsys, RANK0, "-o", out)
     assert code == 2
-    assert err.strip() == f"error: {out}: output: the output folder does not exist"
+    assert err.strip() == f"error: {out}: -o: the output folder does not exist"
 
 
 def test_ingest_text_summary(tmp_path, capsys):

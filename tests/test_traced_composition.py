@@ -175,3 +175,62 @@ def test_an_unfitted_fabric_exponent_keeps_its_prior():
     scale = DEFAULT_PRIORS["fabric_exponent"]
     assert np.mean(gamma) == pytest.approx(scale * np.sqrt(2.0 / np.pi), rel=0.01)
     assert np.quantile(gamma, 0.95) == pytest.approx(scale * 1.96, rel=0.02)
+
+
+def _gradient_job(degraded_link, draws=10):
+    kernels = {"g": {"class": "gemm", "launches": 1.0, "log_median": np.log(1000.0)},
+               "ar [dp]": {"class": "allreduce", "role": "dp", "launches": 1.0,
+                           "log_median": np.log(10.0), "bytes": 1e9, "group": 2.0}}
+    post = kernel_posterior(kernels, traced_plan={"dp": 2}, gpus_per_node=1,
+                            degraded_link=degraded_link, draws=draws)
+    group = post["posterior"].to_dataset()  # a flat fabric: bandwidth independent of nodes
+    post["posterior"] = group.assign(coll_fabric_exponent=(
+        ("chain", "draw"), np.zeros((group.sizes["chain"], group.sizes["draw"]))))
+    return post
+
+
+def test_a_degraded_link_slows_the_inter_node_transfers_of_every_step():
+    # rate 1: every cluster has one; the 1 GB all-reduce over 8 nodes then moves its bytes at
+    # a third of the bandwidth, in every step; rate 0: never
+    plan = ParallelPlan(dp=8, gpus_per_node=1)
+    clean = 1000.0 + collectives.transfer_time_us("allreduce", 8, 1e9, 10.0, 25.0)
+    slowed = 1000.0 + collectives.transfer_time_us("allreduce", 8, 1e9, 10.0, 25.0 / 3.0)
+    assert _step_us(_gradient_job((0.0, np.log(3.0))), plan) == pytest.approx(clean)
+    assert _step_us(_gradient_job((1.0, np.log(3.0))), plan) == pytest.approx(slowed)
+    # the typical (variability-free) step never has one
+    draws = quiet_compose(_gradient_job((1.0, np.log(3.0))), plan, replicates=2,
+                          rng=np.random.default_rng(0))
+    assert draws.ideal_step_time_s * 1e6 == pytest.approx(clean)
+    assert draws.degraded_link_probability == 1.0
+
+
+def test_the_chance_of_a_degraded_link_grows_with_the_nodes():
+    # P = 1 - (1 - r)^nodes per cluster: r = 0.01 over 8 nodes (one GPU each) is 7.7 %, and
+    # the clusters drawn with one are that share of the draws
+    post = _gradient_job((0.01, np.log(3.0)))
+    plan = ParallelPlan(dp=8, gpus_per_node=1)
+    draws = quiet_compose(post, plan, replicates=2, rng=np.random.default_rng(0))
+    assert draws.degraded_link_probability == pytest.approx(1.0 - 0.99**8)
+    post = _gradient_job((0.01, np.log(3.0)), draws=4000)
+    steps = quiet_compose(post, plan, replicates=2, rng=np.random.default_rng(1)).step_time_s
+    clean = 1000.0 + collectives.transfer_time_us("allreduce", 8, 1e9, 10.0, 25.0)
+    slow_share = float((steps[:, 0] * 1e6 > clean * 1.01).mean())
+    assert slow_share == pytest.approx(1.0 - 0.99**8, abs=0.015)
+    assert np.all(steps[:, 0] == steps[:, 1])  # a property of the cluster, not of a step
+
+
+def test_unfitted_degraded_links_keep_their_priors():
+    # a fit without several units of inter-node transfers: r ~ Beta(1, b), δ ~ half-normal
+    from bayesprism.spec import DEFAULT_PRIORS
+    from bayesprism.workload import posterior_arrays
+
+    kernels = {"g": {"class": "gemm", "launches": 1.0, "log_median": np.log(1000.0)},
+               "ar [dp]": {"class": "allreduce", "role": "dp", "launches": 1.0,
+                           "log_median": np.log(10.0), "bytes": 1e9, "group": 2.0}}
+    rate, slowdown = posterior_arrays(
+        kernel_posterior(kernels, draws=2000, degraded_link=None)).degraded_link
+    b, scale = DEFAULT_PRIORS["degraded_link_beta"], DEFAULT_PRIORS["degraded_link_slowdown"]
+    assert np.mean(rate) == pytest.approx(1.0 / (1.0 + b), rel=0.02)
+    assert np.median(rate) == pytest.approx(1.0 - 0.5 ** (1.0 / b), rel=0.02)
+    assert np.mean(slowdown) == pytest.approx(scale * np.sqrt(2.0 / np.pi), rel=0.01)
+    assert abs(np.corrcoef(rate, slowdown)[0, 1]) < 0.1

@@ -40,21 +40,20 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def load_artifact(path: str | Path):
+def load_artifact(path: str | Path, expect: str | None = None):
     """Load a saved posterior or forecast with ``bayesprism.io.load``.
 
-    Falls back to ``xarray.open_datatree`` only while ``bayesprism.io`` does not exist.
+    Parameters
+    ----------
+    path
+        The netCDF file.
+    expect
+        ``"posterior"`` or ``"forecast"``: any other kind of artifact is an error naming the
+        file, what it is and what was expected.
     """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(2, "No such file or directory", str(path))
-    try:
-        from bayesprism.io import load
-    except ImportError:
-        import xarray as xr
+    from bayesprism.io import load
 
-        return xr.open_datatree(path).load()
-    return load(path)
+    return load(Path(path), expect=expect)
 
 
 def write_plots(posterior, report, out_dir: str | Path) -> list[Path]:
@@ -123,8 +122,12 @@ def format_report(report) -> str:
 def run(args: argparse.Namespace) -> int:
     """Diagnose and print; exit 3 with ``--strict`` when the fit cannot be trusted."""
     from bayesprism.diagnostics import diagnose
+    from bayesprism.errors import InputError, Problem
 
-    posterior = load_artifact(args.posterior)
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise InputError(Problem(str(args.out), "--out", "is a file; give a directory for "
+                                 "the plots"))
+    posterior = load_artifact(args.posterior, expect="posterior")
     report = diagnose(posterior)
     written = write_plots(posterior, report, args.out) if args.out else []
     if args.json:

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bayesprism.cli._common import add_common, add_layout_option, print_json
+from bayesprism.cli._common import (
+    add_columns_option,
+    add_common,
+    add_layout_option,
+    check_outputs,
+    parse_columns,
+    print_json,
+)
 from bayesprism.errors import ConvergenceWarning, InputError, Problem
 
 #: Kernel-model loadings reported as variance components (JSON key -> posterior variable).
@@ -44,6 +51,7 @@ def register(sub) -> None:
                         help="sampler (default auto: nutpie when installed)")
     add_layout_option(parser, "every run of the inputs, raw traces and Parquet tables "
                       "alike")
+    add_columns_option(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_common(parser)
     parser.set_defaults(func=run)
@@ -105,16 +113,22 @@ def run(args: argparse.Namespace) -> int:
                 if value < 1]
     if args.tune < 0:
         problems.append(Problem("arguments", "--tune", "must be >= 0", example=args.tune))
-    if not args.output.parent.is_dir():
-        problems.append(Problem(str(args.output), "-o", "the output folder does not exist"))
+    try:
+        check_outputs((args.output, "-o"))
+    except InputError as exc:
+        problems.extend(exc.problems)
     try:
         layout = parse_layout_args(args.layout)
+    except InputError as exc:
+        problems.extend(exc.problems)
+    try:
+        column_map = parse_columns(args.columns)
     except InputError as exc:
         problems.extend(exc.problems)
     if problems:
         raise InputError(problems)
     progress = not args.quiet
-    tables = read_inputs(args.inputs, layout=layout, progress=progress)
+    tables = read_inputs(args.inputs, layout=layout, column_map=column_map, progress=progress)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tree = fit(tables, args.model, draws=args.draws, tune=args.tune, chains=args.chains,

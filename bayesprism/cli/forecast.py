@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bayesprism.cli._common import add_common, print_json
+from bayesprism.cli._common import add_common, check_counts, check_outputs, print_json
 from bayesprism.errors import PlanError, Problem
 
 #: Layout flags -> ParallelPlan fields.
@@ -110,7 +110,11 @@ def build_plans(args: argparse.Namespace, posterior=None) -> tuple[list, object]
         values = _traced_plan_values(posterior) if posterior is not None else {}
         if flags or dps != [None]:
             values.pop("name", None)
-        plans.extend(variants(values, "command line"))
+        # the traced values were checked when the posterior was loaded: a bad value here
+        # comes from the flags
+        source = ("command line" if flags or dps != [None] or posterior is None
+                  else f"{args.posterior} inventory.traced_plan")
+        plans.extend(variants(values, source))
     if args.cluster is not None:
         cluster = Cluster.from_toml(args.cluster)
         if cluster is None:
@@ -130,7 +134,8 @@ def _traced_plan_values(posterior) -> dict:
 
     raw = posterior["inventory"].attrs.get("traced_plan", "{}") if (
         "inventory" in posterior.children) else "{}"
-    traced = json.loads(raw) if isinstance(raw, str) else dict(raw)
+    # bayesprism.io.load has checked that the JSON parses to an object
+    traced = json.loads(raw or "{}") if isinstance(raw, str) else dict(raw)
     accepted = set(ParallelPlan.__dataclass_fields__) - {"source", "world_size"}
     values = {k: v for k, v in traced.items() if k in accepted and v is not None}
     values.setdefault("name", "traced")
@@ -150,6 +155,11 @@ def format_table(summary: dict) -> str:
             f"{plan['name'][:31]:<32}{plan['gpus']:>8}{step['p50']:>12.4g}{interval:>24}"
             f"{_fmt(slow.get('1.05')):>9}{_fmt(slow.get('1.10')):>9}"
         )
+        if plan.get("degraded_link_probability", 0.0) >= 0.01:
+            source = ("fitted" if plan.get("degraded_link") == "fitted" else
+                      "from the prior: fit nccl-tests sweeps of several allocations to learn it")
+            lines.append(f"{'':<32}{'':>8}  P(a node with a degraded link): "
+                         f"{plan['degraded_link_probability']:.2f}, included above ({source})")
         if "training_time_s" in plan:
             train = plan["training_time_s"]
             lines.append(f"{'':<32}{'':>8}  training ({plan['steps']} steps): median "
@@ -165,7 +175,10 @@ def run(args) -> int:
     from bayesprism.forecast import forecast, summarize_forecast
     from bayesprism.io import load, save
 
-    posterior = load(args.posterior)
+    check_counts(("--steps", args.steps, 1, None), ("--draws", args.draws, 1, None),
+                 ("--replicates", args.replicates, 1, None))
+    check_outputs((args.json, "--json"), (args.output, "-o"))
+    posterior = load(args.posterior, expect="posterior")
     plans, cluster = build_plans(args, posterior)
     result = forecast(
         posterior,

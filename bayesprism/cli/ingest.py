@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bayesprism.cli._common import add_common, add_layout_option, print_json
+from bayesprism.cli._common import (
+    add_columns_option,
+    add_common,
+    add_layout_option,
+    check_outputs,
+    parse_columns,
+    print_json,
+)
 
 
 def register(subparsers) -> None:
@@ -25,6 +32,7 @@ def register(subparsers) -> None:
     parser.add_argument("--gpus-per-node", type=int, default=None, metavar="N",
                         help="GPUs per node, to place ranks on nodes when traces name no host")
     add_layout_option(parser, "every run")
+    add_columns_option(parser)
     parser.add_argument("--json", action="store_true",
                         help="print the summary as one JSON object")
     add_common(parser)
@@ -41,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise InputError(Problem("command line", "--gpus-per-node",
                                  f"must be >= 1, got {args.gpus_per_node}"))
+    check_outputs((args.output, "-o"))
     summary = ingest_to_parquet(args.paths, args.output, gpus_per_node=args.gpus_per_node,
+                                column_map=parse_columns(args.columns),
                                 layout=parse_layout_args(args.layout), progress=not args.quiet)
     if args.json:
         print_json(summary)

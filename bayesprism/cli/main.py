@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         for line in exc.lines():
             print(f"error: {line}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, FileExistsError,
+            PermissionError) as exc:
         print(f"error: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
     except BayesPrismError as exc:

@@ -52,13 +52,19 @@ def read_json(path: str, option: str, required_key: str) -> dict:
     """Read a JSON object produced by another sub-command; bad files raise InputError."""
     from bayesprism.errors import InputError, Problem
 
-    text = Path(path).read_text(encoding="utf-8")
     try:
-        value = json.loads(text)
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            Problem(path, option, f"not UTF-8 text (byte {exc.start}: {exc.reason})")
+        ) from None
     except json.JSONDecodeError as exc:
         raise InputError(
             Problem(path, option, f"not valid JSON ({exc.msg} at line {exc.lineno})")
         ) from None
+    except RecursionError:
+        raise InputError(Problem(path, option, "JSON nested too deeply to be a bayesprism "
+                                 "output")) from None
     if not isinstance(value, dict) or required_key not in value:
         raise InputError(
             Problem(
@@ -74,10 +80,12 @@ def read_json(path: str, option: str, required_key: str) -> dict:
 def run(args: argparse.Namespace) -> int:
     """Load the inputs and write the report."""
     from bayesprism.cli.diagnose import load_artifact
+    from bayesprism.outputs import check_output_path
     from bayesprism.report import write_report
 
-    posterior = load_artifact(args.posterior)
-    forecast = load_artifact(args.forecast) if args.forecast else None
+    check_output_path(args.output, "-o")
+    posterior = load_artifact(args.posterior, expect="posterior")
+    forecast = load_artifact(args.forecast, expect="forecast") if args.forecast else None
     sensitivity = (
         read_json(args.sensitivity, "--sensitivity", "contributions") if args.sensitivity else None
     )

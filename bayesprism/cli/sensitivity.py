@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bayesprism.cli._common import add_common, print_json
+from bayesprism.cli._common import add_common, check_counts, print_json
 
 
 def register(sub) -> None:
@@ -52,6 +52,9 @@ def load_inputs(args):
     from bayesprism.io import load
     from bayesprism.plan import Cluster, ParallelPlan
 
+    check_counts(("--draws", args.draws, 1, None), ("--replicates", args.replicates, 1, None),
+                 ("--drain", getattr(args, "drain", None), 0, None),
+                 ("--top", getattr(args, "top", None), 1, None))
     plans = ParallelPlan.from_toml(args.plan)
     if len(plans) != 1:
         raise PlanError(
@@ -60,7 +63,7 @@ def load_inputs(args):
     cluster = Cluster.from_toml(args.cluster if args.cluster is not None else args.plan)
     if args.cluster is not None and cluster is None:
         raise PlanError(Problem(str(args.cluster), "cluster", "no [cluster] table"))
-    return load(args.posterior), plans[0], cluster
+    return load(args.posterior, expect="posterior"), plans[0], cluster
 
 
 def _interval(ci) -> str:

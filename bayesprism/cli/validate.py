@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bayesprism.cli._common import add_common, add_layout_option, print_json
+from bayesprism.cli._common import (
+    add_columns_option,
+    add_common,
+    add_layout_option,
+    check_counts,
+    check_outputs,
+    parse_columns,
+    print_json,
+)
 
 
 def register(sub) -> None:
@@ -33,6 +41,7 @@ def register(sub) -> None:
                         choices=("bayesprism", "pooled", "deterministic"),
                         help="methods to score (default: all three)")
     add_layout_option(parser, "every run of --fit and --heldout")
+    add_columns_option(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of split, fit and draws")
     parser.add_argument("--draws", type=int, default=500,
                         help="posterior draws per chain, and predictive draws per observation")
@@ -54,10 +63,14 @@ def run(args) -> int:
 
     if args.heldout is None and args.split is None:
         raise InputError(Problem("validate", "--heldout", "give --heldout PATH... or --split"))
+    check_counts(("--draws", args.draws, 1, None))
+    check_outputs((args.pit, "--pit"))
     layout = parse_layout_args(args.layout)
+    columns = parse_columns(args.columns)
     progress = not args.quiet
-    fit_tables = read_inputs(args.fit, layout=layout, progress=progress)
-    heldout = read_inputs(args.heldout, layout=layout, progress=progress) if args.heldout else None
+    fit_tables = read_inputs(args.fit, layout=layout, column_map=columns, progress=progress)
+    heldout = read_inputs(args.heldout, layout=layout, column_map=columns,
+                          progress=progress) if args.heldout else None
     table = validate(fit_tables, heldout, model=args.model, split=args.split,
                      fraction=args.fraction, seed=args.seed, draws=args.draws,
                      methods=tuple(args.methods), progress=progress)

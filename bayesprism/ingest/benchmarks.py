@@ -32,7 +32,10 @@ Choices worth knowing:
   column (a benchmark launched several times, each time repeating the kernel a few times) is
   the step instead: the repeats of a GPU in one session are launches of one GPU-step, so the
   model can tell a session's transient state of a GPU from the GPU itself.
-* Node and GPU ids: ``hostname``/``host``/``node`` and ``gpu_index``/``device``/``gpu``. A node
+* Node and GPU ids: ``node``/``node_id``/``hostname``/``host``/... and
+  ``device``/``gpu``/``gpu_index``/``gpu_id``/``dev_id``/``device_id``/``local_rank``/...
+  (:data:`ID_COLUMNS`); a GPU column of uuids (strings) is numbered within each node in sorted
+  order (noted). ``column_map={"their_name": "node"}`` names any other column. A node
   named like a traced host (``dgx-h100-0568``) is the same node in a joint fit with the traces,
   so its benchmark timings and its kernels share one node effect.
 * A ``kernel`` column (the benchmarked kernel's name) is the workload when no ``exp``/``model``
@@ -52,6 +55,7 @@ from __future__ import annotations
 
 import io
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -64,10 +68,13 @@ UNIT_TO_US = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
 SKIP_BAD_VALUE = "timing value missing, non-finite or <= 0"
 SKIP_WARMUP = "warm-up run (warmup flag)"
 
-_ID_COLUMNS = {
+ID_COLUMNS = {
     "cabinet": ("cabinet", "cab", "rack"),
-    "node": ("node", "node_id", "nodeid", "host", "hostname"),
-    "gpu": ("device", "gpu", "local_gpu_id", "gpu_index", "local_rank"),
+    "node": ("node", "node_id", "nodeid", "node_name", "nodename", "host", "hostname",
+             "host_name", "machine"),
+    # numeric ids first; a GPU uuid (a string) is numbered within its node
+    "gpu": ("device", "gpu", "local_gpu_id", "gpu_index", "gpu_id", "dev_id", "device_id",
+            "device_index", "local_rank", "cuda_device", "gpu_uuid", "uuid"),
     "workload": ("exp", "model", "workload", "benchmark", "app"),
     "repeat": ("reps", "rep", "repeat", "run", "trial"),
     "session": ("session", "session_id"),
@@ -111,7 +118,7 @@ def can_read(path: Path, head: bytes) -> bool:
     names = {c.strip().strip('"') for c in re.split(r"[,\t]", header)}
     if "duration_us" in names or len(names & _TIDY_COLUMNS) >= 4:
         return False  # a tidy trace table (the tabular reader's)
-    return bool(names & set(_ID_COLUMNS["node"])) and bool(names & set(_ID_COLUMNS["gpu"]))
+    return bool(names & set(ID_COLUMNS["node"])) and bool(names & set(ID_COLUMNS["gpu"]))
 
 
 def read_gpu_benchmark(
@@ -121,6 +128,7 @@ def read_gpu_benchmark(
     unit: str | None = None,
     run: str | None = None,
     keep_warmup: bool = False,
+    column_map: Mapping[str, str | None] | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """Read a per-GPU benchmark table into ``kernel_class = "benchmark"`` rows.
 
@@ -137,6 +145,9 @@ def read_gpu_benchmark(
         Run name; default ``"<cluster>/<workload>"``.
     keep_warmup
         Keep rows flagged ``warmup`` (default: skip and count them).
+    column_map
+        ``{column in the file: our name or None}``: renames (e.g. ``{"slot": "gpu"}``) before
+        the id and timing columns are recognised; ``None`` drops a column.
 
     Returns
     -------
@@ -152,6 +163,8 @@ def read_gpu_benchmark(
     path = Path(path)
     source = str(path)
     table = _read_csv(path)
+    if column_map:
+        table = _renamed(table, column_map, source)
     notes: list[str] = []
     skipped: dict[str, int] = {}
     cols = _find_id_columns(table)
@@ -162,7 +175,7 @@ def read_gpu_benchmark(
                 Problem(
                     source,
                     k,
-                    f"no {k} column (expected one of {', '.join(_ID_COLUMNS[k])}); "
+                    f"no {k} column (expected one of {', '.join(ID_COLUMNS[k])}); "
                     f"columns are {', '.join(map(str, table.columns))}",
                 )
                 for k in missing
@@ -196,6 +209,10 @@ def read_gpu_benchmark(
         cabinet = None
         node = node_number
     gpu = pd.to_numeric(table[cols["gpu"]], errors="coerce")
+    if gpu.isna().all():
+        gpu = _numbered_within_node(table[cols["gpu"]], node)
+        notes.append(f"{path.name}: GPU column {cols['gpu']!r} holds names, not indices: GPUs "
+                     "numbered 0, 1, ... within each node in sorted order")
     if gpu.isna().any() or (gpu < 0).any():
         bad = table[cols["gpu"]][gpu.isna() | (gpu < 0)].iloc[0]
         raise TraceFormatError(
@@ -297,10 +314,30 @@ def _read_csv(path: Path) -> pd.DataFrame:
     return table
 
 
+def _renamed(table: pd.DataFrame, column_map: Mapping[str, str | None], source: str
+             ) -> pd.DataFrame:
+    """``table`` with ``column_map`` applied; a key naming no column is an error."""
+    absent = [k for k in column_map if k not in table.columns]
+    if absent:
+        raise TraceFormatError(Problem(source, "column_map", "names column(s) not in the file: "
+                                       f"{', '.join(map(str, absent))}; the file has "
+                                       f"{', '.join(map(str, table.columns))}"))
+    drop = [k for k, v in column_map.items() if v is None]
+    return table.drop(columns=drop).rename(
+        columns={k: v for k, v in column_map.items() if v is not None})
+
+
+def _numbered_within_node(ids: pd.Series, node: pd.Series) -> pd.Series:
+    """Dense 0-based index of each distinct id within its node, in sorted id order."""
+    pairs = pd.DataFrame({"node": node.to_numpy(), "id": ids.astype(str).to_numpy()},
+                         index=ids.index)
+    return pairs.groupby("node")["id"].rank(method="dense").astype("int64") - 1
+
+
 def _find_id_columns(table: pd.DataFrame) -> dict[str, str]:
     lower = {str(c).strip().lower(): c for c in table.columns}
     found = {}
-    for role, names in _ID_COLUMNS.items():
+    for role, names in ID_COLUMNS.items():
         for name in names:
             if name in lower:
                 found[role] = lower[name]

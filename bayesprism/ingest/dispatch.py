@@ -96,7 +96,9 @@ def expand_paths(paths: str | Path | Iterable[str | Path]) -> tuple[list[TraceFi
     for entry in paths:
         text = str(entry)
         path = Path(text)
-        if path.is_dir():
+        if path.is_dir() and not os.access(path, os.R_OK | os.X_OK):
+            problems.append(Problem(text, "", "directory cannot be read (permission denied)"))
+        elif path.is_dir():
             found = sorted(
                 p for p in path.rglob("*")
                 if p.is_file() and not any(part.startswith(".") for part in
@@ -165,6 +167,50 @@ def sniff(path: Path, head: bytes | None = None) -> tuple[str, Callable] | None:
     return None
 
 
+_TABLE_SUFFIXES = (".csv", ".tsv", ".txt", ".csv.gz", ".tsv.gz", ".txt.gz")
+
+
+def header_columns(head: bytes) -> list[str]:
+    """Column names of a delimited text table's first line (comma or tab separated)."""
+    line = head.split(b"\n", 1)[0].decode("utf-8", errors="replace").rstrip("\r")
+    sep = "\t" if line.count("\t") > line.count(",") else ","
+    return [c.strip().strip('"') for c in line.split(sep)]
+
+
+def mapped_head(head: bytes, column_map: Mapping[str, str | None]) -> bytes:
+    """``head`` with its header line's columns renamed by ``column_map``, so that a table
+    with other column names is recognised as its reader will see it after renaming."""
+    line, sep_nl, rest = head.partition(b"\n")
+    names = header_columns(line)
+    if not any(n in column_map for n in names):
+        return head
+    sep = b"\t" if line.count(b"\t") > line.count(b",") else b","
+    renamed = [column_map.get(n, n) if n in column_map else n for n in names]
+    return sep.join(n.encode() for n in renamed if n is not None) + sep_nl + rest
+
+
+def unrecognised_table(path: Path, head: bytes) -> str | None:
+    """For a file that looks like a delimited text table: the columns found and what each
+    table reader needs, to replace "not a recognised trace format"; None otherwise."""
+    from bayesprism.ingest.benchmarks import ID_COLUMNS
+    from bayesprism.schema import REQUIRED_COLUMNS
+
+    if not path.name.lower().endswith(_TABLE_SUFFIXES):
+        return None
+    found = [c for c in header_columns(head) if c]
+    if len(found) < 2:
+        return None
+    lower = {c.lower() for c in found}
+    needs = [f"a {role} column (one of {', '.join(ID_COLUMNS[role])})"
+             for role in ("node", "gpu") if not lower & set(ID_COLUMNS[role])]
+    return ("a table with columns " + ", ".join(found[:20]) + (" ..." if len(found) > 20 else "")
+            + " that no reader recognises: a per-GPU benchmark table lacks "
+            + " and ".join(needs or ["nothing here (check the file name ends in .csv/.tsv)"])
+            + "; a tidy trace table needs duration_us, or 4 of "
+            + ", ".join(c for c in REQUIRED_COLUMNS if c != "duration_us")
+            + ". Map yours with --columns THEIRS=OURS (column_map= in Python)")
+
+
 def _call_reader(reader: Callable, path: Path, options: dict) -> tuple[pd.DataFrame, dict]:
     """Call a reader with the options its signature accepts."""
     params = inspect.signature(reader).parameters
@@ -223,12 +269,15 @@ class FileFacts:
 
     ranks: set[int] = field(default_factory=set)
     signatures: SignatureStats = field(default_factory=SignatureStats)
+    steps: int = 0
 
     @classmethod
     def of(cls, df: pd.DataFrame) -> FileFacts:
         facts = cls()
         if "rank" in df:
             facts.ranks = {int(r) for r in pd.unique(df["rank"]) if r >= 0}
+        if "step" in df:
+            facts.steps = len(pd.unique(df["step"]))
         facts.signatures.add(df)
         return facts
 
@@ -245,6 +294,8 @@ class IngestCollector:
     unrecognised: list[str] = field(default_factory=list)
     layouts: dict[str, list[tuple[str, int, dict]]] = field(default_factory=dict)
     signature_stats: SignatureStats = field(default_factory=SignatureStats)
+    #: run -> rank -> (file, GPU kernels read, steps kept): ranks unlike the others are named
+    rank_files: dict[str, dict[int, tuple[str, int, int]]] = field(default_factory=dict)
 
     def skip(self, reason: str, count: int = 1) -> None:
         self.attrs["skipped"][reason] = self.attrs["skipped"].get(reason, 0) + count
@@ -272,6 +323,8 @@ class IngestCollector:
         ok = True
         if fmt == "kineto":
             ok = self._check_kineto(source, run, report)
+            self.rank_files.setdefault(run, {})[int(report["rank"])] = (
+                source, int(report.get("kernel_events") or 0), facts.steps)
         for reason, count in (report.get("skipped") or {}).items():
             self.skip(reason, int(count))
         for text in report.get("notes") or []:
@@ -298,6 +351,9 @@ class IngestCollector:
             runs[run] = meta
             self.problems.extend(problems)
             for text in notes:
+                self.note(text)
+        for run, ranks in self.rank_files.items():
+            for text in unusual_ranks(run, ranks):
                 self.note(text)
         return signature_map(self.signature_stats)
 
@@ -339,6 +395,49 @@ class IngestCollector:
         return ok
 
 
+def unusual_ranks(run: str, ranks: Mapping[int, tuple[str, int, int]]) -> list[str]:
+    """Notes naming the ranks of a traced run without GPU kernels, or with another number of
+    steps than most ranks (a rank profiled over another window, or a damaged file).
+
+    Parameters
+    ----------
+    run
+        The run's name.
+    ranks
+        rank -> (file, GPU kernels read, steps kept).
+
+    Returns
+    -------
+    list of str
+        One note per kind of unusual rank (none when all ranks look alike).
+
+    Examples
+    --------
+    >>> unusual_ranks("r", {0: ("a.json", 10, 5), 1: ("b.json", 0, 5), 2: ("c.json", 9, 3)})
+    ... # doctest: +NORMALIZE_WHITESPACE
+    ["run r: 1 of 3 ranks without GPU kernels (cat 'kernel'; only memory copies or nothing
+    kept): rank 1 (b.json)", 'run r: 1 of 3 ranks with another number of steps than the 2
+    others (5 steps): rank 2 has 3 (c.json)']
+    """
+    notes = []
+
+    def listed(items: list[str]) -> str:
+        return ", ".join(items[:5]) + (f" and {len(items) - 5} more" if len(items) > 5 else "")
+
+    empty = [f"rank {r} ({src})" for r, (src, kernels, _) in sorted(ranks.items()) if not kernels]
+    if empty:
+        notes.append(f"run {run}: {len(empty)} of {len(ranks)} ranks without GPU kernels (cat "
+                     f"'kernel'; only memory copies or nothing kept): {listed(empty)}")
+    counts = pd.Series({r: steps for r, (_, _, steps) in ranks.items()})
+    if counts.nunique() > 1:
+        usual = int(counts.mode().max())
+        odd = [f"rank {r} has {int(n)} ({ranks[r][0]})" for r, n in counts.sort_index().items()
+               if n != usual]
+        notes.append(f"run {run}: {len(odd)} of {len(ranks)} ranks with another number of steps "
+                     f"than the {len(ranks) - len(odd)} others ({usual} steps): {listed(odd)}")
+    return notes
+
+
 def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollector,
                progress: bool, finish: Callable | None = None) -> Iterator:
     """Read each file with its reader; yields validated frames, collects problems.
@@ -363,12 +462,16 @@ def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollecto
                 collector.skip(SKIP_UNRECOGNISED)
                 collector.unrecognised.append(str(f.path))
             continue
+        if options.get("column_map"):
+            head = mapped_head(head, options["column_map"])
         found = sniff(f.path, head)
         if found is None:
             if f.explicit:
+                table = unrecognised_table(f.path, head)
                 collector.problems.append(Problem(
-                    str(f.path), "", "not a recognised trace format (PyTorch profiler/Kineto "
-                    "JSON, MLPerf log, nccl-tests output, benchmark or tidy CSV/Parquet table)"))
+                    str(f.path), "", table or "not a recognised trace format (PyTorch "
+                    "profiler/Kineto JSON, MLPerf log, nccl-tests output, benchmark or tidy "
+                    "CSV/Parquet table)"))
             else:
                 collector.skip(SKIP_UNRECOGNISED)
                 collector.unrecognised.append(str(f.path))

@@ -1,33 +1,137 @@
-"""Reading input files whole, gzip or not, with errors that name the file."""
+"""Reading input files whole, gzip or not, with errors that name the file.
+
+Decompression is bounded (:class:`DecompressionLimits`): a gzip file may not decompress to more
+than ``BAYESPRISM_MAX_DECOMPRESSED_BYTES`` (default 32 GiB), nor, past its first 16 MiB, to more
+than ``BAYESPRISM_MAX_COMPRESSION_RATIO`` (default 200) times the compressed bytes read so far.
+Profiler traces and logs compress 10 to 80 times; deflate's ceiling is about 1000, which is
+what a decompression bomb reaches. Either limit stops the read with an error naming the file,
+the sizes and the variable that raises the limit.
+"""
 
 from __future__ import annotations
 
 import gc
+import io
+import os
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from isal import igzip, isal_zlib
 
-from bayesprism.errors import Problem, TraceFormatError
+from bayesprism.errors import InputError, Problem, TraceFormatError
+
+MAX_DECOMPRESSED_ENV = "BAYESPRISM_MAX_DECOMPRESSED_BYTES"
+MAX_RATIO_ENV = "BAYESPRISM_MAX_COMPRESSION_RATIO"
+DEFAULT_MAX_DECOMPRESSED = 32 << 30
+DEFAULT_MAX_RATIO = 200.0
+#: Decompressed bytes after which the ratio is judged (small files may compress a lot).
+RATIO_AFTER_BYTES = 16 << 20
+_CHUNK = 64 << 20
 
 
-def read_bytes(path: Path) -> bytes:
+@dataclass(frozen=True)
+class DecompressionLimits:
+    """How far one gzip input file may decompress (see the module docstring).
+
+    Parameters
+    ----------
+    max_bytes
+        Largest decompressed size of one file.
+    max_ratio
+        Largest ratio of decompressed to compressed bytes past :data:`RATIO_AFTER_BYTES`;
+        0 turns the ratio check off.
+    """
+
+    max_bytes: int = DEFAULT_MAX_DECOMPRESSED
+    max_ratio: float = DEFAULT_MAX_RATIO
+
+    @classmethod
+    def from_env(cls) -> DecompressionLimits:
+        """The limits set by the environment variables, else the defaults.
+
+        Raises
+        ------
+        InputError
+            If a variable is not a positive number (the ratio may be 0: no ratio check).
+        """
+        values = {}
+        for name, key, kind, default in ((MAX_DECOMPRESSED_ENV, "max_bytes", int,
+                                          DEFAULT_MAX_DECOMPRESSED),
+                                         (MAX_RATIO_ENV, "max_ratio", float, DEFAULT_MAX_RATIO)):
+            text = os.environ.get(name, "").strip()
+            if not text:
+                values[key] = default
+                continue
+            try:
+                values[key] = kind(float(text)) if kind is int else kind(text)
+            except ValueError:
+                values[key] = -1
+            if not values[key] >= (1 if key == "max_bytes" else 0):
+                raise InputError(Problem(name, "", "must be a positive number"
+                                         + (" (0: no ratio check)" if key == "max_ratio"
+                                            else " of bytes"), example=text))
+        return cls(**values)
+
+    def check(self, source: str, decompressed: int, compressed: int) -> None:
+        """Raise when ``decompressed`` bytes from ``compressed`` exceed a limit.
+
+        Raises
+        ------
+        TraceFormatError
+            Naming the file, the sizes and the environment variable that raises the limit.
+        """
+        if decompressed > self.max_bytes:
+            raise TraceFormatError(Problem(
+                source, "", f"decompresses to more than {self.max_bytes:,} bytes (the limit "
+                f"per file; set {MAX_DECOMPRESSED_ENV} to raise it)"))
+        if (self.max_ratio and decompressed >= RATIO_AFTER_BYTES
+                and decompressed > self.max_ratio * max(compressed, 1)):
+            raise TraceFormatError(Problem(
+                source, "", f"decompression bomb? {compressed:,} compressed bytes gave "
+                f"{decompressed:,} bytes so far, a ratio above {self.max_ratio:g} (real traces "
+                f"compress 10-80 times; set {MAX_RATIO_ENV} to raise the limit, 0 to turn it "
+                "off)"))
+
+
+def _bounded_decompress(raw: bytes, source: str, limits: DecompressionLimits) -> bytes:
+    """``raw`` gzip data decompressed chunk by chunk, stopped as soon as a limit is passed."""
+    compressed = io.BytesIO(raw)
+    parts: list[bytes] = []
+    total = 0
+    with igzip.IGzipFile(fileobj=compressed) as fh:
+        while chunk := fh.read(_CHUNK):
+            parts.append(chunk)
+            total += len(chunk)
+            limits.check(source, total, compressed.tell())
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def read_bytes(path: Path, limits: DecompressionLimits | None = None) -> bytes:
     """The file's bytes, decompressed when it is gzip (by content, not by name).
+
+    Parameters
+    ----------
+    path
+        The file.
+    limits
+        Bounds of the decompressed size; default :meth:`DecompressionLimits.from_env`.
 
     Raises
     ------
     FileNotFoundError
         If the file does not exist.
     TraceFormatError
-        If the gzip data is truncated or corrupt.
+        If the gzip data is truncated or corrupt, or decompresses beyond the limits.
     """
     source = str(path)
     raw = Path(path).read_bytes()
     if raw[:2] == b"\x1f\x8b":
+        limits = DecompressionLimits.from_env() if limits is None else limits
         try:
-            raw = igzip.decompress(raw)
+            raw = _bounded_decompress(raw, source, limits)
         except EOFError:
             raise TraceFormatError(Problem(
                 source, "", "truncated gzip: the compressed data ends before the end-of-stream "

@@ -23,8 +23,12 @@ What is read, and how (DESIGN §4):
   ``Out msg nelems``) × dtype size (the full buffer, the convention of
   :mod:`bayesprism.collectives`); ``group_size`` from ``Group size``; ``process_group`` from
   ``Process Group Name``; ``dtype`` from ``args["dtype"]`` or the kernel name;
-* kernels with a missing, zero or negative duration are counted as skipped (reason
-  ``"kernel with missing (NaN) duration"`` / ``"kernel with zero or negative duration"``);
+* kernels with a missing, zero or negative duration, or without a timestamp, are counted as
+  skipped (reason ``"kernel with missing (NaN) duration"`` / ``"kernel with zero or negative
+  duration"`` / ``"kernel without a timestamp (ts)"``); a ``ts`` or ``dur`` that is not a
+  number (a string, a bool), a duration longer than a day (``schema.MAX_DURATION_US``) or an
+  infinite one, and a rank outside ``0 .. world_size - 1`` are errors naming the file, the
+  field and an example;
 * ``occurrence`` is the n-th (from 0) launch of the same normalised kernel name on the rank in
   the step, in GPU start order.
 
@@ -57,13 +61,15 @@ from bayesprism.ingest.kineto_json import (
     load_trace,
     scan_events,
 )
-from bayesprism.schema import KERNEL_CLASS_DTYPE, coerce_table
+from bayesprism.schema import KERNEL_CLASS_DTYPE, MAX_DURATION_US, coerce_table
 
 DEFAULT_GPUS_PER_NODE = 8
 
 SKIP_OUTSIDE_STEP = "kernel outside any ProfilerStep"
 SKIP_NAN_DURATION = "kernel with missing (NaN) duration"
 SKIP_NONPOSITIVE_DURATION = "kernel with zero or negative duration"
+SKIP_MISSING_TS = "kernel without a timestamp (ts)"
+_NUMBER_TYPES = (int, float, type(None))
 
 #: ``<host>_<pid>.<timestamp>.pt.trace.json[.gz]`` (torch.profiler.tensorboard_trace_handler).
 TRACE_HANDLER_NAME = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<ts>\d+)\.pt\.trace\.json(\.gz)?$")
@@ -105,6 +111,20 @@ def _as_float(values: list) -> np.ndarray:
     except (TypeError, ValueError):
         return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(
             dtype=np.float64, na_value=np.nan)
+
+
+def _numbers(values: list, field: str, source: str) -> tuple[np.ndarray, Problem | None]:
+    """``values`` (JSON numbers or missing) as floats, NaN where missing, and the problem
+    when some are of another JSON type (a string such as ``"12"``, a bool): those are never
+    converted, since ``true`` would become 1 µs."""
+    kinds = set(map(type, values))  # one C-level pass; the check below runs only on a mismatch
+    if kinds.issubset(_NUMBER_TYPES):
+        return _as_float(values), None
+    bad = [v for v in values if type(v) not in _NUMBER_TYPES]
+    return np.full(len(values), np.nan), Problem(
+        source, f"traceEvents.{field}",
+        f"GPU activities' {field} must be a JSON number (µs), found "
+        f"{', '.join(sorted({type(v).__name__ for v in bad}))}", len(bad), bad[0])
 
 
 def _step_ranges(events: list[tuple[str, float, float]]) -> tuple[np.ndarray, np.ndarray,
@@ -272,6 +292,14 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
         problems.append(Problem(source, "traceEvents",
                                 "no ProfilerStep#N annotation: kernels cannot be assigned to "
                                 "steps (profile with torch.profiler.schedule / prof.step())"))
+    if rank is not None and world_size is not None and not problems:
+        if not 1 <= world_size:
+            problems.append(Problem(source, "distributedInfo.world_size",
+                                    "must be a positive integer", example=world_size))
+        elif not 0 <= rank < world_size:
+            problems.append(Problem(source, "distributedInfo.rank",
+                                    f"must be between 0 and world_size - 1 = {world_size - 1}",
+                                    example=rank))
     if rank is not None and not problems:
         node_name, node_note, node_problem = _node_of(
             path, host_meta, devices_meta, rank, node=node, gpus_per_node=gpus_per_node,
@@ -284,15 +312,32 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
     if problems:
         raise TraceFormatError(problems)
 
-    start = _as_float(ts)
-    duration = _as_float(dur)
+    start, ts_problem = _numbers(ts, "ts", source)
+    duration, dur_problem = _numbers(dur, "dur", source)
+    problems = [p for p in (ts_problem, dur_problem) if p is not None]
+    with np.errstate(invalid="ignore"):
+        too_long = ~(duration <= MAX_DURATION_US) & ~np.isnan(duration)
+        endless = np.isinf(start)
+    if too_long.any():
+        problems.append(Problem(source, "traceEvents.dur", "GPU activity longer than a day "
+                                f"({MAX_DURATION_US:.0f} µs) or infinite: not a duration in µs",
+                                int(too_long.sum()), duration[too_long][0]))
+    if endless.any():
+        problems.append(Problem(source, "traceEvents.ts", "GPU activity timestamp is infinite",
+                                int(endless.sum()), start[endless][0]))
+    if problems:
+        raise TraceFormatError(problems)
     skipped: dict[str, int] = {}
-    nan_dur = np.isnan(duration) | np.isnan(start)
-    bad_dur = ~nan_dur & ~(duration > 0)
+    no_ts = np.isnan(start)
+    nan_dur = np.isnan(duration) & ~no_ts
+    bad_dur = ~nan_dur & ~no_ts & ~(duration > 0)
+    if no_ts.any():
+        skipped[SKIP_MISSING_TS] = int(no_ts.sum())
     if nan_dur.any():
         skipped[SKIP_NAN_DURATION] = int(nan_dur.sum())
     if bad_dur.any():
         skipped[SKIP_NONPOSITIVE_DURATION] = int(bad_dur.sum())
+    nan_dur |= no_ts  # not usable either way, counted once above
 
     # Step of each kernel: CPU launch inside a CPU ProfilerStep range, else GPU range.
     corr_arr = _as_float(corr)

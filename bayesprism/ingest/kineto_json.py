@@ -21,7 +21,7 @@ import msgspec
 from isal import igzip, isal_zlib
 
 from bayesprism.errors import Problem, TraceFormatError
-from bayesprism.ingest.files import read_bytes
+from bayesprism.ingest.files import DecompressionLimits, read_bytes
 
 GPU_ACTIVITY_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
@@ -90,10 +90,20 @@ SLICE_BYTES = 1 << 20
 class SliceLayoutError(Exception):
     """The file is not in the profiler's layout (or is damaged): decode it whole instead."""
 
+
+def _too_deep(source: str) -> TraceFormatError:
+    # msgspec and the standard library stop at their recursion limit (about a thousand levels
+    # here); a profiler trace nests fewer than ten
+    return TraceFormatError(Problem(source, "", "JSON nested too deeply (arrays or objects "
+                                    "inside each other beyond the parser's depth limit): not a "
+                                    "PyTorch profiler trace"))
+
 def _load_with_stdlib(raw: bytes, source: str) -> tuple[_Metadata, list[_Event]]:
     """Fallback decoder: accepts NaN/Infinity literals, names line and column of errors."""
     try:
         full = msgspec.convert(json.loads(raw), _TraceFull)
+    except RecursionError:
+        raise _too_deep(source) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise TraceFormatError(Problem(source, "", f"invalid JSON: {exc}")) from None
     except msgspec.ValidationError as exc:
@@ -107,14 +117,15 @@ def _load_with_stdlib(raw: bytes, source: str) -> tuple[_Metadata, list[_Event]]
     return full, events
 
 
-def load_trace(path: Path) -> tuple[_Metadata, list[_Event]]:
+def load_trace(path: Path, limits: DecompressionLimits | None = None
+               ) -> tuple[_Metadata, list[_Event]]:
     """Parse a whole trace file at once: its metadata and its events.
 
     Raises TraceFormatError naming the file and what is wrong (truncated gzip, invalid JSON,
-    not a profiler trace).
+    not a profiler trace, decompressing beyond ``limits``).
     """
     source = str(path)
-    raw = read_bytes(path)
+    raw = read_bytes(path, limits)
     try:
         header = _HEADER_DECODER.decode(raw)
     except msgspec.ValidationError as exc:
@@ -122,6 +133,8 @@ def load_trace(path: Path) -> tuple[_Metadata, list[_Event]]:
                                ) from None
     except msgspec.DecodeError:
         header = None
+    except RecursionError:
+        raise _too_deep(source) from None
     if header is None:
         return _load_with_stdlib(raw, source)
     array = header.traceEvents
@@ -131,6 +144,8 @@ def load_trace(path: Path) -> tuple[_Metadata, list[_Event]]:
     header.traceEvents = msgspec.Raw()
     try:
         events = _EVENTS_DECODER.decode(array)
+    except RecursionError:
+        raise _too_deep(source) from None
     except msgspec.ValidationError as exc:
         raise TraceFormatError(Problem(source, "traceEvents",
                                        f"not a PyTorch profiler trace: {exc}")) from None
@@ -148,16 +163,17 @@ class StreamedTrace:
     and the caller falls back to :func:`load_trace` (which also names real errors).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, limits: DecompressionLimits | None = None) -> None:
         self.path = path
         self.metadata: _Metadata | None = None
+        self.limits = DecompressionLimits.from_env() if limits is None else limits
 
     def slices(self) -> Iterator[list[_Event]]:
         """Lists of events in file order; ``metadata`` is set once this is exhausted."""
         try:
             yield from self._slices()
         except (OSError, EOFError, zlib.error, isal_zlib.error, msgspec.DecodeError,
-                msgspec.ValidationError):
+                msgspec.ValidationError, RecursionError):
             raise SliceLayoutError from None
 
     def _slices(self) -> Iterator[list[_Event]]:
@@ -166,6 +182,7 @@ class StreamedTrace:
             raw_fh.seek(0)
             fh = igzip.IGzipFile(fileobj=raw_fh) if gz else raw_fh
             buf = bytearray(fh.read(SLICE_BYTES))
+            read = len(buf)  # decompressed bytes so far, checked against the limits per block
             key = buf.find(ARRAY_START)
             if key < 0:
                 raise SliceLayoutError
@@ -180,7 +197,13 @@ class StreamedTrace:
                 if end >= 0:
                     if buf[pos + 1:end + 4].strip():
                         yield self._decode(buf, pos, end + 4)
-                    trailer = bytes(buf[end + len(ARRAY_END):]) + fh.read()
+                    trailer = bytearray(buf[end + len(ARRAY_END):])
+                    while block := fh.read(SLICE_BYTES):
+                        trailer += block
+                        if gz:
+                            read += len(block)
+                            self.limits.check(str(self.path), read, raw_fh.tell())
+                    trailer = bytes(trailer)
                     self.metadata = _HEADER_DECODER.decode(prefix + b"[]" + trailer)
                     return
                 if cut > pos:
@@ -189,6 +212,9 @@ class StreamedTrace:
                 block = fh.read(SLICE_BYTES)
                 if not block:
                     raise SliceLayoutError  # no end of the array
+                if gz:
+                    read += len(block)
+                    self.limits.check(str(self.path), read, raw_fh.tell())
                 del buf[:pos]
                 pos = 0
                 buf += block

@@ -29,6 +29,7 @@ from bayesprism.ingest.dispatch import (
 )
 from bayesprism.ingest.layout import check_layout, table_with_layout
 from bayesprism.ingest.summary import SummaryAccumulator
+from bayesprism.outputs import check_output_path
 from bayesprism.schema import ALL_COLUMNS, ATTRS_KEY, REQUIRED_COLUMNS, _jsonable
 
 #: Columns the wait/transfer split reads from the collective rows.
@@ -121,8 +122,7 @@ def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = Non
     import pyarrow.parquet as pq
 
     out = Path(out)
-    if not out.parent.is_dir():
-        raise InputError(Problem(str(out), "output", "the output folder does not exist"))
+    check_output_path(out, "output")
     options = reader_options(gpus_per_node, rank_to_node, column_map, check_layout(layout))
     files, problems = expand_paths(paths)
     collector = IngestCollector(problems=list(problems))
@@ -271,6 +271,7 @@ def _read_table_file(path: Path, problems: list[Problem]) -> pd.DataFrame | None
 
 
 def read_inputs(paths: Sequence[str | Path], *, layout: Mapping | None = None,
+                column_map: Mapping[str, str | None] | None = None,
                 progress: bool = True) -> list[pd.DataFrame]:
     """Trace tables from Parquet trace tables (read whole) and raw traces or logs (ingested).
 
@@ -285,6 +286,9 @@ def read_inputs(paths: Sequence[str | Path], *, layout: Mapping | None = None,
     layout
         Layout facts the inputs do not record, applied to every run of both kinds with
         provenance ``"user"`` (:mod:`bayesprism.ingest.layout`).
+    column_map
+        ``{column in a table: schema column or None}`` for tables with other column names
+        (``--columns``); given one, Parquet tables are read through the table readers too.
     progress
         Show a progress bar while ingesting raw traces.
 
@@ -302,14 +306,16 @@ def read_inputs(paths: Sequence[str | Path], *, layout: Mapping | None = None,
     layout = check_layout(layout)
     tables: list[pd.DataFrame] = []
     problems: list[Problem] = []
-    raw = [p for p in paths if Path(p).suffix.lower() not in TABLE_SUFFIXES]
-    for path in (Path(p) for p in paths if Path(p).suffix.lower() in TABLE_SUFFIXES):
+    whole = [] if column_map else [p for p in paths if Path(p).suffix.lower() in TABLE_SUFFIXES]
+    raw = [p for p in paths if p not in whole]
+    for path in (Path(p) for p in whole):
         table = _read_table_file(path, problems)
         if table is not None:
             tables.append(table_with_layout(table, layout))
     if raw:
         try:
-            tables.append(read_traces(raw, layout=layout, progress=progress))
+            tables.append(read_traces(raw, layout=layout, column_map=column_map,
+                                      progress=progress))
         except InputError as exc:
             problems.extend(exc.problems)
     if problems:

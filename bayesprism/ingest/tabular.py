@@ -171,7 +171,7 @@ def _read(path: Path) -> tuple[pd.DataFrame, dict | None]:
         if raw[:2] == b"\x1f\x8b":
             raw = read_bytes(path)
         table = pd.read_csv(io.BytesIO(raw), sep=None, engine="python")
-    except FileNotFoundError:
+    except (FileNotFoundError, TraceFormatError):
         raise
     except Exception as exc:  # pyarrow, zlib and the CSV parser raise many types
         raise TraceFormatError(Problem(str(path), "", f"cannot read as a table: {exc}")) from None

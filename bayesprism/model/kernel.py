@@ -80,6 +80,8 @@ MAX_ROWS = 2_000_000
 LOGIT_LIMIT = 20.0
 #: Most Gauss-Newton steps taken to centre the collective cost model's coordinates.
 GAUSS_NEWTON_STEPS = 50
+#: Units (benchmark sweeps, job runs) with inter-node transfers needed to fit degraded links.
+DEGRADED_MIN_UNITS = 3
 
 
 # ----------------------------------------------------------------------------- preparation
@@ -646,6 +648,22 @@ def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all,
     split = cell_bench & np.isin(cj, benchmarked)
     scale[split] = len(modelled) + np.searchsorted(benchmarked, cj[split])
 
+    # Degraded-link units: the transfers that one allocation of nodes times together, all
+    # slow at once when one of its nodes has a degraded link. A benchmark sweep is one
+    # allocation (its run and step); a job's run is one for all its steps. A unit's
+    # exposure is the nodes it spans: a sweep's, or every node a job's run has rows from.
+    stride = int(step_all[idx].max()) + 1
+    s_of_cell = s_keys[cells.codes["s"]]
+    unit, _ = _factorize(np.where(cell_bench, s_of_cell, -1 - s_of_cell // stride))
+    run_of_cell = s_of_cell // stride
+    run_nodes = pd.Series(np.concatenate(glob["node"][0])).groupby(run_all).nunique()
+    unit_nodes = np.zeros(int(unit.max()) + 1)
+    np.maximum.at(unit_nodes, unit, np.where(
+        cell_bench, n_vals[cells.codes["n"]],
+        np.maximum(run_nodes.reindex(run_of_cell).fillna(1).to_numpy(), n_vals[cells.codes["n"]])))
+    unit_inter = np.zeros(unit_nodes.size, dtype=bool)
+    unit_inter[unit[ct == 1]] = True
+
     # Reference point of each observed (collective, tier): the geometric mean of its cells'
     # latency steps and bus bytes (each cell, i.e. each step of each size, one vote): inside
     # the data, so the log transfer time there is what they pin, whatever the latency share.
@@ -679,6 +697,7 @@ def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all,
         "coll_cell_algorithm": cells.codes["alg"],
         "coll_pair_collective": pair_coll, "coll_pair_tier": pair_tier,
         "coll_pair_latency_steps": ref_steps, "coll_pair_bytes_factor": ref_factor,
+        "coll_cell_unit": unit, "coll_unit_nodes": unit_nodes, "coll_unit_inter": unit_inter,
     })
     summary.update({"collective_rows": int(idx.size), "collective_cells": len(cells),
                     "collective_pairs": len(pair_keys)})
@@ -1233,12 +1252,41 @@ def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
                                        log_rest[pair] + log_bytes_rel)
     n, mean, ss = d["coll_cell_n"], d["coll_cell_mean"], d["coll_cell_ss"]
     var = noise[j] ** 2
-    logp = pt.sum(-0.5 * n * np.log(2.0 * np.pi) - n * pt.log(noise[j])
-                  - (ss + n * (mean - mu) ** 2) / (2.0 * var))
-    # Per-step congestion shared by all transfers of a collective in a step, integrated out.
     group = d["coll_cell_group"]
     n_groups = int(group.max()) + 1
-    a_g = segment_sum(congestion[j] * n * (mean - mu) / var, group, n_groups)
     b_g = segment_sum(congestion[j] ** 2 * n / var, group, n_groups)
-    logp = logp + pt.sum(-0.5 * pt.log1p(b_g) + a_g**2 / (2.0 * (1.0 + b_g)))
-    pm.Potential("collective_loglik", logp)
+    unit, inter_unit = d["coll_cell_unit"], d["coll_unit_inter"]
+    n_units = inter_unit.size
+    unit_of_group = np.zeros(n_groups, dtype=np.int64)
+    unit_of_group[group] = unit
+
+    def unit_loglik(mu):
+        """Log likelihood of each degraded-link unit's cells given their log means, with the
+        per-step congestion shared by all transfers of a collective in a step integrated out."""
+        cell = (-0.5 * n * np.log(2.0 * np.pi) - n * pt.log(noise[j])
+                - (ss + n * (mean - mu) ** 2) / (2.0 * var))
+        a_g = segment_sum(congestion[j] * n * (mean - mu) / var, group, n_groups)
+        shared = -0.5 * pt.log1p(b_g) + a_g**2 / (2.0 * (1.0 + b_g))
+        return (segment_sum(cell, unit, n_units)
+                + segment_sum(shared, unit_of_group, n_units))
+
+    normal = unit_loglik(mu)
+    if inter_unit.sum() < DEGRADED_MIN_UNITS:
+        pm.Potential("collective_loglik", pt.sum(normal))
+        return
+    # Degraded links (a mixture over units, marginalised): each node of a unit's allocation
+    # has a degraded inter-node link with probability r, independently; a unit with one
+    # moves the bytes of all its inter-node transfers exp(δ) times slower. Only with several
+    # units: with one (a lone traced job), "degraded at a higher bandwidth" fits its transfers
+    # as well as "normal", and with two "which one" is a second mode; r and δ then keep their
+    # priors (bayesprism.workload).
+    rate = pm.Beta("coll_degraded_rate", 1.0, spec.prior("degraded_link_beta"))
+    slowdown = pm.HalfNormal("coll_degraded_log_slowdown", spec.prior("degraded_link_slowdown"))
+    inter_cell = (d["coll_cell_tier"] == 1).astype(float)
+    mu_slow = log_time[pair] + pt.logaddexp(log_share[pair] + d["coll_cell_log_latency_rel"],
+                                            log_rest[pair] + log_bytes_rel + slowdown * inter_cell)
+    slow = unit_loglik(mu_slow)
+    log_clean = d["coll_unit_nodes"][inter_unit] * pt.log1p(-rate)
+    mixed = pt.logaddexp(log_clean + normal[inter_unit],
+                         pt.log(-pt.expm1(log_clean)) + slow[inter_unit])
+    pm.Potential("collective_loglik", pt.sum(normal[~inter_unit]) + pt.sum(mixed))
