@@ -29,12 +29,14 @@ _API = {
     "ParallelPlan": "bayesprism.plan",
     "Cluster": "bayesprism.plan",
     "forecast": "bayesprism.forecast",
+    "summarize_forecast": "bayesprism.forecast",
     "sensitivity": "bayesprism.sensitivity",
     # diagnostics, reports, validation, decisions
     "diagnose": "bayesprism.diagnostics",
     "write_report": "bayesprism.report",
     "validate": "bayesprism.validate",
     "what_if": "bayesprism.analysis",
+    "Changes": "bayesprism.analysis",
     "place": "bayesprism.analysis",
 }
 

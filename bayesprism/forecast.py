@@ -299,6 +299,53 @@ def forecast(
     return xr.DataTree(xr.Dataset(data, coords=coords, attrs=attrs))
 
 
+def traced_step_time_s(posterior: xr.DataTree, *, source: str = "posterior") -> float:
+    """The measured step time of the traced run (s): the baseline ``traced`` of the CLI.
+
+    Kernel-level fits: the median over traced steps of ``inventory.traced_step_span_us`` (first
+    kernel start of any rank to the last kernel end). Step-level fits: the median logged step
+    time, when every fitted run has one layout (several layouts have no single traced step).
+
+    Parameters
+    ----------
+    posterior
+        A fit (``docs/artifacts.md``).
+    source
+        Where the posterior came from, for the error message.
+
+    Raises
+    ------
+    InputError
+        The posterior records no measured step (traces without start times), or several
+        layouts (step-level fits of a ladder of scales).
+
+    Examples
+    --------
+    >>> import xarray as xr
+    >>> inv = xr.Dataset({"traced_step_span_us": ("step_unit", [19000.0, 21000.0, 20000.0])})
+    >>> traced_step_time_s(xr.DataTree.from_dict({"inventory": inv}))
+    0.02
+    """
+    inventory = posterior["inventory"].to_dataset() if "inventory" in posterior.children else None
+    values = np.array([])
+    if inventory is not None and "traced_step_span_us" in inventory:
+        values = inventory["traced_step_span_us"].to_numpy().astype(float) / 1e6
+    elif inventory is not None and "step_time_s" in inventory:
+        layouts = {tuple(int(inventory[f].values[i]) for f in ("dp", "tp", "pp", "cp")
+                         if f in inventory) for i in range(inventory.sizes.get("run", 0))}
+        if len(layouts) > 1:
+            raise InputError(Problem(source, "baseline", "the fit holds runs at several "
+                                     "layouts, so there is no single traced step; give a step "
+                                     "time (e.g. 2.5s)", count=len(layouts)))
+        values = inventory["step_time_s"].to_numpy().astype(float).reshape(-1)
+    values = values[np.isfinite(values) & (values > 0)]
+    if values.size == 0:
+        raise InputError(Problem(source, "baseline", "the posterior records no measured step "
+                                 "time (traces without start times); give a step time or "
+                                 "'ideal'", example="traced"))
+    return float(np.median(values))
+
+
 def _version() -> str:
     from bayesprism import __version__
 
@@ -326,7 +373,8 @@ def summarize_forecast(forecast_dt: xr.DataTree, *, include_draws: bool = False)
     "schedule", "step_time_s": {"mean", "p05", "p25", "p50", "p75", "p95", "p99", "ci90"},
     "ideal_step_time_s", "slowdown_probability": {"1.05": p, ...}, "breakdown_s": {"compute",
     "exposed_comm", "bubble", "wait"}, "training_time_s": {...} (with steps),
-    "finish_probability": {T: p} (with deadlines), "draws_s": [...] (include_draws)}]}``.
+    "finish_probability": {T: p} (with deadlines), "baseline_step_time_s" (the step P(slowdown)
+    is measured against), "draws_s": [...] (include_draws)}]}``.
     """
     ds = forecast_dt.to_dataset() if isinstance(forecast_dt, xr.DataTree) else forecast_dt
     plans = []
@@ -339,6 +387,8 @@ def summarize_forecast(forecast_dt: xr.DataTree, *, include_draws: bool = False)
         step = one["step_time_s"].transpose("draw", "replicate").to_numpy()
         entry["step_time_s"] = _quantiles(step)
         entry["ideal_step_time_s"] = float(one["ideal_step_time_s"])
+        if "baseline_step_time_s" in one:
+            entry["baseline_step_time_s"] = float(one["baseline_step_time_s"])
         if np.isfinite(one.get("degraded_link_probability", np.nan)):
             entry["degraded_link_probability"] = float(one["degraded_link_probability"])
             entry["degraded_link"] = str(ds.attrs.get("degraded_link", "prior"))

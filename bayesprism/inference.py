@@ -293,7 +293,8 @@ def _warn_convergence(tree: xr.DataTree) -> None:
 
 
 def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int = 2,
-        sampler: str = "auto", random_seed: int = 0, progress: bool = True) -> xr.DataTree:
+        sampler: str = "auto", random_seed: int = 0, progress: bool = True,
+        target_accept: float | None = None) -> xr.DataTree:
     """Fit a model to trace tables and return its posterior as a self-describing DataTree.
 
     Parameters
@@ -313,6 +314,10 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
         Seed of the sampler: the same seed gives the same draws.
     progress
         Show the sampler's progress bar.
+    target_accept
+        NUTS target acceptance rate in (0, 1) (nutpie and PyMC); higher takes smaller steps,
+        the usual cure for divergent transitions. ``None``: the model's choice (0.8, or 0.9
+        for models whose geometry needs it).
 
     Returns
     -------
@@ -343,6 +348,11 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
     ]
     if isinstance(tune, bool) or not isinstance(tune, (int, np.integer)) or tune < 0:
         problems.append(Problem("fit", "tune", "must be an integer >= 0", example=tune))
+    if target_accept is not None and not (
+            isinstance(target_accept, (int, float, np.floating)) and not isinstance(
+                target_accept, bool) and 0 < float(target_accept) < 1):
+        problems.append(Problem("fit", "target_accept", "must be a number in (0, 1)",
+                                example=target_accept))
     if problems:
         raise InputError(problems)
     spec = _resolve_spec(spec, tables)
@@ -359,7 +369,8 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
     tree = _sample(model, sampler, draws=int(draws), tune=int(tune), chains=int(chains),
                    random_seed=int(random_seed), progress=progress,
                    cache_key=(spec.spec_hash(), digest),
-                   target_accept=float(prepared.attrs.get("target_accept", 0.8)),
+                   target_accept=float(target_accept if target_accept is not None
+                                       else prepared.attrs.get("target_accept", 0.8)),
                    mass_matrix=str(prepared.attrs.get("mass_matrix", "diag")))
     seconds = time.perf_counter() - start
 
@@ -367,6 +378,8 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
     posterior_attrs = {k: v for k, v in tree["posterior"].attrs.items()
                        if k not in ("created_at", "arviz_version")}
     posterior_attrs.update(prepared.attrs)
+    if target_accept is not None:
+        posterior_attrs["target_accept"] = float(target_accept)
     tree["posterior"].attrs = posterior_attrs
     spec_dict = spec.to_dict()
     tree.attrs = {
@@ -386,4 +399,9 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
         "fit_summary": json.dumps(prepared.summary, sort_keys=True, default=str),
     }
     _warn_convergence(tree)
-    return tree
+    # netCDF stores no dicts, None or mixed lists (the model's attrs hold some): store them as
+    # bayesprism.io.save writes them (JSON), so what fit returns equals what load gives back and
+    # xarray users can call DataTree.to_netcdf on it directly
+    from bayesprism.io import _clean_attrs
+
+    return _clean_attrs(tree)

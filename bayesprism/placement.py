@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from bayesprism.errors import InputError, PlanError, Problem
+from bayesprism.errors import InputError, Problem
 from bayesprism.sensitivity import (
     PerDraw,
     check_kernel_posterior,
@@ -237,9 +237,16 @@ def _throughput_ratio(base: PerDraw, base_plan, other: PerDraw, other_plan) -> n
 
 
 def _drain_advice(
-    evaluator: _Evaluator, greedy: list[str], cluster, plan, k: int, slowest_first: list[str]
+    evaluator: _Evaluator, greedy: list[str], cluster, plan, k: int, slowest_first: list[str],
+    *, new_nodes: int = 0,
 ):
-    """The k slowest nodes, and the throughput per GPU after draining the first 1..k of them."""
+    """The throughput per GPU after draining the first 1..k of the k slowest nodes, and the
+    drain advised: the first j of them with the best cumulative gain, when that gain is above
+    1 (none otherwise), so the advice never contradicts its numbers.
+
+    With ``new_nodes`` (a plan larger than the measured nodes), a drained node's slot runs a
+    new node from the population and the plan is unchanged.
+    """
     if k < 0 or k > len(slowest_first):
         raise InputError(
             Problem("arguments", "drain", f"must be between 0 and {len(slowest_first)}", example=k)
@@ -249,8 +256,12 @@ def _drain_advice(
     detail = []
     for j in range(1, k + 1):
         drained = advice[:j]
-        new_cluster, new_plan, _ = drained_cluster(cluster, plan, drained, slowest_first)
         remaining = [n for n in slowest_first if n not in set(drained)]
+        if new_nodes:
+            # at scale the pool is the population: a new node takes the drained one's place
+            new_cluster, new_plan = with_nodes(cluster, remaining, plan), plan
+        else:
+            new_cluster, new_plan, _ = drained_cluster(cluster, plan, drained, slowest_first)
         sub = _Evaluator(
             evaluator.posterior,
             new_plan,
@@ -259,7 +270,7 @@ def _drain_advice(
             evaluator.replicates,
             evaluator.random_seed,
         )
-        slots = slots_of(new_plan, gpus_per_node_of(new_plan, new_cluster))
+        slots = slots_of(new_plan, gpus_per_node_of(new_plan, new_cluster))[: len(remaining)]
         search = _optimise(sub, slots, remaining, budget=0)
         evaluator.compositions += sub.compositions
         stats = sub.stats(search.greedy)
@@ -276,7 +287,9 @@ def _drain_advice(
                 "microbatches": degree(new_plan, "microbatches"),
             }
         )
-    return advice, detail
+    gains = [item["throughput_per_gpu_gain"] for item in detail]
+    best = int(np.argmax(gains)) + 1 if gains and max(gains) > 1.0 else 0
+    return advice[:best], detail
 
 
 def place(
@@ -326,14 +339,19 @@ def place(
         ``objective`` and ``objective_s`` (optimised, mean over draws) with
         ``objective_ci90``; ``random_s``, ``worst_s``; ``gain_vs_random`` (random ÷ optimised
         objective, per draw then averaged; ≥ 1 is better) with ``gain_vs_random_ci90``,
-        ``gain_vs_worst`` with ``gain_vs_worst_ci90``; ``drain``: the nodes to drain, best
-        first; ``drain_detail``: for j = 1..k, the cumulative effect of draining the first j
+        ``gain_vs_worst`` with ``gain_vs_worst_ci90``; ``drain``: the nodes to drain, slowest
+        first: the first j of the k slowest whose draining gives the best throughput per GPU,
+        when that beats not draining (empty otherwise); ``drain_detail``: for j = 1..k, the
+        cumulative effect of draining the first j
         (``node``, ``throughput_per_gpu_gain`` = drained ÷ undrained throughput per GPU in
         micro-batches per second per GPU, with ``ci90`` and ``improves``, both placed by the
         greedy; ``mean_step_s``, ``gpus``, ``dp``, ``microbatches`` of the drained plan, which
         shrinks dp only when no spare is left, see :func:`drained_cluster`; a smaller plan
         also changes bubble and data-parallel communication, which this gain includes);
-        ``node_effect_mean``; ``compositions``; ``draws``, ``replicates``, ``random_seed``.
+        ``node_effect_mean``; ``new_nodes``: slots run by new nodes drawn from the population
+        (a plan larger than the measured nodes: those fill the first slots and keep their
+        effects; a drained node is replaced by a new one and the plan is kept);
+        ``compositions``; ``draws``, ``replicates``, ``random_seed``.
     """
     if not (isinstance(drain, int) and not isinstance(drain, bool) and drain >= 0):
         raise InputError(Problem("arguments", "drain", "must be a whole number >= 0",
@@ -355,15 +373,12 @@ def place(
         )
     gpn = gpus_per_node_of(plan, cluster)
     slots = slots_of(plan, gpn)
-    if len(candidates) < len(slots):
-        raise PlanError(
-            Problem(
-                "cluster",
-                "nodes",
-                f"the plan needs {len(slots)} nodes of {gpn} GPUs; only {len(candidates)} "
-                "measured nodes are available to place",
-            )
-        )
+    # A plan larger than the measured nodes (the usual case at the planned scale): the measured
+    # nodes keep their effects in the slots the composition gives measured nodes (the first
+    # ones), and the other slots run new nodes drawn from the fitted population.
+    new_nodes = max(0, len(slots) - len(candidates))
+    if new_nodes:
+        slots = slots[: len(candidates)]
     slowest_first = [n for n in ranking if n in set(candidates)]
     if drain > len(slowest_first):
         # checked before the search: it takes most of the run
@@ -402,8 +417,9 @@ def place(
     result["gain_vs_random"], result["gain_vs_random_ci90"] = estimate(random_per_draw / best)
     result["gain_vs_worst"], result["gain_vs_worst_ci90"] = estimate(worst_per_draw / best)
     result["drain"], result["drain_detail"] = _drain_advice(
-        evaluator, search.greedy, cluster, plan, drain, slowest_first
+        evaluator, search.greedy, cluster, plan, drain, slowest_first, new_nodes=new_nodes
     )
+    result["new_nodes"] = new_nodes
     result["node_effect_mean"] = {
         n: v for n, v in node_means(thinned).items() if n in set(candidates)
     }

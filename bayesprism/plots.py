@@ -306,11 +306,12 @@ def plot_forecast_fan(
     """
     fig, ax = plt.subplots(figsize=(8, 4.8))
     lows, highs = [], []
+    unit, size = _time_axis([p["step_time_s"]["p95"] for p in summary["plans"]])
     for i, (label, plans) in enumerate(_by_layout(summary["plans"]).items()):
         color = f"C{i}"
         gpus = [p["gpus"] for p in plans]
         q = {
-            key: [p["step_time_s"][key] for p in plans]
+            key: [p["step_time_s"][key] / size for p in plans]
             for key in ("p05", "p25", "p50", "p75", "p95")
         }
         lows += q["p05"]
@@ -324,6 +325,7 @@ def plot_forecast_fan(
         ax.plot(gpus, q["p50"], color=color, marker="o", label=f"{label}: median")
         ideal = [p.get("ideal_step_time_s") for p in plans]
         if all(v is not None for v in ideal):
+            ideal = [v / size for v in ideal]
             ax.plot(
                 gpus, ideal, color=color, linestyle=":", label=f"{label}: ideal (no variability)"
             )
@@ -332,11 +334,78 @@ def plot_forecast_fan(
     # step time growing by orders of magnitude flattens the small plans: switch to log y
     if lows and min(lows) > 0 and max(highs) / min(lows) > 20:
         ax.set_yscale("log")
-        ax.set_ylabel("step time (s, log scale)")
+        ax.set_ylabel(f"step time ({unit}, log scale)")
     else:
-        ax.set_ylabel("step time (s)")
-    ax.legend(fontsize=8, loc="upper left")
+        ax.set_ylabel(f"step time ({unit})")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # never over the data
     ax.grid(alpha=0.3, which="both")
+    return _save(fig, path, title)
+
+
+def _time_axis(values: Sequence[float]) -> tuple[str, float]:
+    """Unit (and its size in s) of a time axis, from the largest value it shows."""
+    from bayesprism.report_sections import duration_unit
+
+    finite = [v for v in values if v is not None and np.isfinite(v)]
+    return duration_unit(max(finite)) if finite else ("s", 1.0)
+
+
+def plot_answer(
+    summary: Mapping, path: str | Path, *,
+    title: str = "Step time and training time vs number of GPUs",
+) -> Path:
+    """The answer at a glance: step time (and training time, when forecast) against GPUs.
+
+    Medians with 90 % intervals of a single step (p05–p95) and of the run's training time, in a
+    readable unit. Several GPU counts of one layout are drawn as a line with a band over a log
+    GPU axis; one plan, or plans at the same GPU count, as points with interval bars over their
+    names, so a single plan is never one point on a log axis. Legends sit outside the axes.
+    """
+    plans = sorted(summary["plans"], key=lambda p: (p["gpus"], str(p.get("name", ""))))
+    training = [p for p in plans if "training_time_s" in p]
+    panels = [("step_time_s", "step time", plans)]
+    if training:
+        panels.append(("training_time_s", "training time", training))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 2.2, 4.2),
+                             squeeze=False)
+    gpu_counts = {p["gpus"] for p in plans}
+    # a GPU axis only says something with several scales; otherwise one slot per plan
+    scaling = len(gpu_counts) >= 2
+    for ax, (key, label, chosen) in zip(axes[0], panels, strict=True):
+        unit, size = _time_axis([p[key]["p95"] for p in chosen])
+        if scaling:
+            for i, (layout, group) in enumerate(_by_layout(chosen).items()):
+                gpus = [p["gpus"] for p in group]
+                med = [p[key]["p50"] / size for p in group]
+                lo = [p[key]["p05"] / size for p in group]
+                hi = [p[key]["p95"] / size for p in group]
+                ax.fill_between(gpus, lo, hi, color=f"C{i}", alpha=0.25,
+                                label=f"{layout}: 90% interval")
+                ax.plot(gpus, med, color=f"C{i}", marker="o", label=f"{layout}: median")
+            ax.set_xscale("log")
+            ax.set_xlabel("GPUs (log scale)")
+            ticks = sorted(gpu_counts)
+            if len(ticks) <= 8:
+                ax.set_xticks(ticks, [f"{g:,}" for g in ticks])
+                ax.xaxis.set_minor_formatter(NullFormatter())
+        else:
+            x = np.arange(len(chosen))
+            med = np.array([p[key]["p50"] for p in chosen]) / size
+            lo = np.array([p[key]["p05"] for p in chosen]) / size
+            hi = np.array([p[key]["p95"] for p in chosen]) / size
+            ax.errorbar(x, med, yerr=[med - lo, hi - med], fmt="o", color="C0", capsize=6,
+                        markersize=7, label="median, 90% interval")
+            ax.set_xticks(x, [f"{p.get('name', '')}\n{p['gpus']:,} GPUs" for p in chosen],
+                          fontsize=8)
+            ax.set_xlim(-0.6, len(chosen) - 0.4)
+            ax.set_xlabel("plan")
+        ax.set_ylabel(f"{label} ({unit})")
+        top = max(p[key]["p95"] for p in chosen) / size
+        ax.set_ylim(0, top * 1.12)  # from 0: the size of the spread reads against the whole
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 0.9))
     return _save(fig, path, title)
 
 
@@ -364,8 +433,9 @@ def plot_slowdown(
     ax.set_xscale("log")
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("GPUs (log scale)")
-    ax.set_ylabel("P(step time > x × ideal step time)")
-    ax.legend(fontsize=8, title="slowdown threshold", loc="upper left")
+    ax.set_ylabel("P(step time > x × baseline step time)")
+    ax.legend(fontsize=8, title="slowdown threshold", loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))  # outside the axes: never over the data
     ax.grid(alpha=0.3, which="both")
     return _save(fig, path, title)
 
@@ -378,12 +448,13 @@ def plot_breakdown(
     fig, ax = plt.subplots(figsize=(8, 1.4 + 0.42 * max(len(plans), 1)))
     y = np.arange(len(plans))[::-1]
     left = np.zeros(len(plans))
+    unit, size = _time_axis([sum(p["breakdown_s"].values()) for p in plans])
     for key, label, color in BREAKDOWN_PARTS:
-        widths = np.array([p["breakdown_s"].get(key, 0.0) for p in plans], dtype=float)
+        widths = np.array([p["breakdown_s"].get(key, 0.0) for p in plans], dtype=float) / size
         ax.barh(y, widths, left=left, color=color, label=label, height=0.7)
         left = left + widths
     ax.set_yticks(y, [f"{p.get('name', '')} ({p['gpus']} GPUs)" for p in plans], fontsize=8)
-    ax.set_xlabel("mean time per step (s)")
+    ax.set_xlabel(f"mean time per step ({unit})")
     ax.set_ylabel("plan")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="x", alpha=0.3)

@@ -3,8 +3,10 @@
 The file embeds its figures as base64 PNG and its style inline; it loads nothing from the
 network and needs no JavaScript, so it can be mailed or archived as is. Every text that comes
 from data (kernel names, node names, commands, problems) is HTML-escaped. Numbers are formatted
-the same way everywhere: seconds with 4 significant digits (``f"{x:.4g}"``), probabilities with
-3 decimals.
+the same way everywhere: durations with 3 significant digits in a readable unit (µs … days,
+``report_sections.format_duration``), probabilities with 3 decimals. The first section is the
+answer (per plan: step time, training time, P(slowdown), P(finish by the deadline) and one
+figure); the data summary and the diagnostics it rests on follow.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from bayesprism.report_sections import (
     esc,
     fmt_p,
     fmt_s,
+    section_answer,
     section_data,
     section_diagnostics,
     section_forecast,
@@ -211,10 +214,15 @@ def _figures(posterior, diagnosis, summary, workdir: Path) -> dict[str, Path]:
         )
     if summary and summary["plans"]:
         jobs += [
-            ("fan", lambda: plots.plot_forecast_fan(summary, workdir / "fan.png")),
+            ("answer", lambda: plots.plot_answer(summary, workdir / "answer.png")),
             ("breakdown", lambda: plots.plot_breakdown(summary, workdir / "breakdown.png")),
         ]
-        if summary["plans"][0].get("slowdown_probability"):
+        # the fan (quartiles and ideal over GPUs) and the slowdown curves need several scales;
+        # one scale is the answer figure's
+        several = len({p["gpus"] for p in summary["plans"]}) >= 2
+        if several:
+            jobs.append(("fan", lambda: plots.plot_forecast_fan(summary, workdir / "fan.png")))
+        if several and summary["plans"][0].get("slowdown_probability"):
             jobs.append(
                 ("slowdown", lambda: plots.plot_slowdown(summary, workdir / "slowdown.png"))
             )
@@ -269,9 +277,15 @@ def write_report(
             if isinstance(forecast, (xr.DataTree, xr.Dataset))
             else dict(forecast)
         )
+        if "baseline" not in summary and isinstance(forecast, (xr.DataTree, xr.Dataset)):
+            # the forecast records whether the slowdown baseline was the ideal step
+            kind = forecast.attrs.get("baseline", "ideal")
+            summary["baseline"] = {"kind": "ideal" if kind == "ideal" else "given"}
     with tempfile.TemporaryDirectory(prefix="bayesprism-report-") as tmp:
         figures = _figures(posterior, diagnosis, summary, Path(tmp))
-        sections = [
+        # the answer first (one screen: table and figure), then what it rests on
+        sections = [] if summary is None else [section_answer(summary, figures)]
+        sections += [
             section_data(data_summary(posterior)),
             section_diagnostics(diagnosis, figures),
             section_variance(diagnosis, figures),

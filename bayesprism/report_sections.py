@@ -1,8 +1,9 @@
 """HTML pieces of the report: number formats, escaped tables, one function per section.
 
 Every text that comes from data (kernel names, node names, commands, problems) is escaped
-here. Numbers are formatted the same way everywhere: seconds with 4 significant digits
-(``f"{x:.4g}"``), probabilities with 3 decimals.
+here. Numbers are formatted the same way everywhere: durations with 3 significant digits in
+a unit a person reads (µs, ms, s, min, h, d: :func:`format_duration`), probabilities with 3
+decimals.
 """
 
 from __future__ import annotations
@@ -31,11 +32,70 @@ pre{background:#f6f6f6;padding:0.8em;overflow-x:auto}
 
 
 # ------------------------------------------------------------------------------------ format
-def fmt_s(x) -> str:
-    """Seconds (or any duration) with 4 significant digits; ``–`` for missing values."""
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+#: Units :func:`format_duration` prints, with the largest value (s) it prints in each.
+_DISPLAY_UNITS = (("µs", 1e-6, 1e-3), ("ms", 1e-3, 1.0), ("s", 1.0, 120.0),
+                  ("min", 60.0, 7200.0), ("h", 3600.0, 72 * 3600.0), ("d", 86400.0, math.inf))
+
+
+def duration_unit(seconds: float) -> tuple[str, float]:
+    """The unit to print ``seconds`` in (µs, ms, s, min, h, d) and its size in seconds.
+
+    Examples
+    --------
+    >>> duration_unit(0.0193), duration_unit(19300.0), duration_unit(9e5)
+    (('ms', 0.001), ('h', 3600.0), ('d', 86400.0))
+    """
+    size = abs(seconds) if math.isfinite(seconds) else 1.0
+    for name, scale, below in _DISPLAY_UNITS:
+        if size < below:
+            return name, scale
+    return _DISPLAY_UNITS[-1][:2]
+
+
+def format_duration(seconds: float, unit: tuple[str, float] | None = None, *,
+                    suffix: bool = True) -> str:
+    """``seconds`` with three significant digits in a readable unit (or the one given).
+
+    Examples
+    --------
+    >>> format_duration(0.019334), format_duration(19334.0), format_duration(2.5e6)
+    ('19.3 ms', '5.37 h', '28.9 d')
+    """
+    if seconds is None or not math.isfinite(seconds):
         return "–"
-    return f"{float(x):.4g}"
+    if abs(seconds) < 1e-9:  # float round-off of a sum that is 0 (e.g. no pipeline bubble)
+        return "0"
+    name, scale = unit or duration_unit(seconds)
+    value = seconds / scale
+    text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    return f"{text} {name}" if suffix else text
+
+
+def format_interval(low: float, high: float) -> str:
+    """A 90 % interval in the unit of its upper end, e.g. ``"18.1–21 ms"``.
+
+    Examples
+    --------
+    >>> format_interval(0.0181, 0.021)
+    '18.1–21 ms'
+    """
+    unit = duration_unit(high)
+    return (f"{format_duration(low, unit, suffix=False)}–"
+            f"{format_duration(high, unit, suffix=False)} {unit[0]}")
+
+
+def fmt_s(x) -> str:
+    """A duration in seconds, printed in a readable unit (:func:`format_duration`); ``–`` for
+    missing values.
+
+    Examples
+    --------
+    >>> fmt_s(0.01234), fmt_s(3.038e-20), fmt_s(None)
+    ('12.3 ms', '0', '–')
+    """
+    if x is None:
+        return "–"
+    return format_duration(float(x))
 
 
 def fmt_p(x) -> str:
@@ -251,6 +311,65 @@ def _plan_label(plan: Mapping) -> str:
     return " ".join(f"{k}={plan[k]}" for k in PLAN_FIELDS[1:] if k in plan)
 
 
+def baseline_text(summary: Mapping) -> str:
+    """What P(slowdown) is measured against, in words (``summary["baseline"]``; ideal when
+    absent).
+
+    Examples
+    --------
+    >>> baseline_text({"baseline": {"kind": "traced", "step_time_s": 0.0193}})
+    'the measured step of the traced run (19.3 ms)'
+    """
+    baseline = summary.get("baseline") or {"kind": "ideal"}
+    kind = baseline.get("kind", "ideal")
+    if kind == "ideal":
+        return "each plan's variability-free (ideal) step time"
+    value = baseline.get("step_time_s")
+    if kind == "traced":
+        return f"the measured step of the traced run ({fmt_s(value)})"
+    return f"a given step time ({fmt_s(value)})" if value is not None else "a given step time"
+
+
+def section_answer(summary: dict, figures: dict[str, Path]) -> str:
+    """The first screen: per plan, step time and training time (median, 90 % interval),
+    P(slowdown > x) against the baseline and P(finish within T), and the answer figure."""
+    plans = summary["plans"]
+    thresholds = list(dict.fromkeys(k for p in plans for k in p.get("slowdown_probability", {})))
+    deadlines = list(dict.fromkeys(k for p in plans for k in p.get("finish_probability", {})))
+    training = any("training_time_s" in p for p in plans)
+    header = ["plan", "GPUs", "step time: median", "step time: 90% interval"]
+    if training:
+        header += ["steps", "training time: median", "training time: 90% interval"]
+    header += [f"P(slowdown > {float(t):g}×)" for t in thresholds]
+    header += [f"P(finish ≤ {fmt_s(float(d))})" for d in deadlines]
+    rows = []
+    for p in plans:
+        step = p["step_time_s"]
+        row = [p.get("name", ""), f"{p.get('gpus', 0):,}", fmt_s(step["p50"]),
+               format_interval(step["p05"], step["p95"])]
+        if training:
+            train = p.get("training_time_s")
+            row += ([f"{p.get('steps', 0):,}", fmt_s(train["p50"]),
+                     format_interval(train["p05"], train["p95"])] if train else ["–"] * 3)
+        row += [fmt_p(p.get("slowdown_probability", {}).get(t)) for t in thresholds]
+        row += [fmt_p(p.get("finish_probability", {}).get(d)) for d in deadlines]
+        rows.append(row)
+    parts = [
+        "<h2 id='answer'>The answer</h2>",
+        "<p>Per plan: the time of one training step (median and 90% interval: parameter "
+        "uncertainty and step-to-step variability together)"
+        + (", the training run's time on one cluster" if training else "")
+        + (f"; P(slowdown &gt; x) = P(step &gt; x × {esc(baseline_text(summary))})"
+           if thresholds else "")
+        + (", and the probability of finishing within each deadline" if deadlines else "")
+        + ". Details follow below the data summary and the diagnostics.</p>",
+        _table(header, rows),
+    ]
+    if "answer" in figures:
+        parts.append(_img(figures["answer"], "step time and training time vs GPUs"))
+    return "\n".join(parts)
+
+
 def section_forecast(summary: dict, figures: dict[str, Path]) -> str:
     """Step-time quantiles, training time, finish probabilities and breakdown per plan."""
     plans = summary["plans"]
@@ -272,8 +391,8 @@ def section_forecast(summary: dict, figures: dict[str, Path]) -> str:
             )
         )
     parts = [
-        "<h2 id='forecast'>Forecasts</h2>",
-        "<p>Step time in seconds: posterior predictive quantiles over parameter "
+        "<h2 id='forecast'>Forecasts in detail</h2>",
+        "<p>Step time: posterior predictive quantiles over parameter "
         "uncertainty and step-to-step variability; <em>mean: 90% CI</em> is the credible "
         "interval of the mean step time (parameter uncertainty only); <em>ideal</em> is the "
         "variability-free step time of the plan.</p>",
@@ -287,7 +406,7 @@ def section_forecast(summary: dict, figures: dict[str, Path]) -> str:
         parts.append(_img(figures["fan"], "forecast fan chart"))
     if any("training_time_s" in p for p in plans):
         parts.append(
-            "<h3>Training time (s)</h3>"
+            "<h3>Training time</h3>"
             + _table(
                 ["plan", "p05", "p50", "p95", "mean: 90% CI"],
                 [
@@ -309,7 +428,7 @@ def section_forecast(summary: dict, figures: dict[str, Path]) -> str:
         parts.append(
             "<h3>Probability of finishing within the deadline</h3>"
             + _table(
-                ["plan", *(f"P(≤ {d} s)" for d in deadlines)],
+                ["plan", *(f"P(≤ {fmt_s(float(d))})" for d in deadlines)],
                 [
                     (p.get("name", ""), *(fmt_p(p["finish_probability"].get(d)) for d in deadlines))
                     for p in plans
@@ -317,7 +436,7 @@ def section_forecast(summary: dict, figures: dict[str, Path]) -> str:
             )
         )
     parts.append(
-        "<h3>Where the time goes (mean seconds per step)</h3>"
+        "<h3>Where the time goes (mean per step)</h3>"
         + _table(
             ["plan", "compute", "exposed communication", "bubble", "waiting"],
             [
@@ -343,7 +462,7 @@ def section_slowdown(summary: dict, figures: dict[str, Path]) -> str:
     thresholds = list(plans[0].get("slowdown_probability", {})) if plans else []
     parts = [
         "<h2 id='slowdown'>Slowdown probabilities</h2>",
-        "<p>P(step time &gt; x × the plan's variability-free step time).</p>",
+        f"<p>P(step time &gt; x × {esc(baseline_text(summary))}).</p>",
     ]
     if thresholds:
         parts.append(

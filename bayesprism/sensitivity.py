@@ -48,6 +48,10 @@ RESID_SLOW_SCALED: tuple[str, ...] = ("resid_slow_shift", "resid_slow_sd", "resi
 RESID_SLOW_WEIGHT = "resid_slow_weight"
 #: Posterior variables that make up the "collective" level (per-transfer noise, shared congestion).
 COLLECTIVE_SPREAD: tuple[str, ...] = ("coll_noise", "coll_congestion")
+#: The host-idle source (factor, level): each rank's GPU idle time before a synchronisation
+#: (host work, launch gaps), learned from the inventory's ``traced_idle_us``
+#: (``bayesprism.workload.fit_idle_law``); often the largest part of a host-bound step.
+HOST_IDLE = ("host", "idle")
 #: Multiplier that "removes" a loading: exactly 0 (the composition draws every source of
 #: randomness from its own stream whatever the parameter values, so common random numbers hold).
 REMOVED = 0.0
@@ -303,6 +307,42 @@ def sources_of(group: xr.Dataset) -> list[Source]:
     return out
 
 
+def idle_has_spread(posterior: xr.DataTree) -> bool:
+    """Whether the traced host idle varies between ranks or steps (any synchronisation)."""
+    if "inventory" not in posterior.children or "traced_idle_us" not in posterior["inventory"]:
+        return False
+    idle = posterior["inventory"]["traced_idle_us"]
+    other = [d for d in idle.dims if d != "sync"]
+    spread = idle.max(dim=other, skipna=True) - idle.min(dim=other, skipna=True)
+    return bool((spread > 0).any())
+
+
+def with_idle_scaled(posterior: xr.DataTree, multiplier: float) -> xr.DataTree:
+    """A copy of ``posterior`` whose traced host idle deviates from each synchronisation's mean
+    ``multiplier`` times as much (0: every rank idles the mean; 0.5: half the spread).
+
+    The idle law is fitted from these values (gamma with their mean and variance), so its mean
+    is kept and its sd scales by ``multiplier``: removing the source keeps the host work and
+    takes away only the waiting for the slowest host. For ``0 <= multiplier <= 1`` the values
+    stay >= 0.
+
+    Examples
+    --------
+    >>> import xarray as xr
+    >>> inv = xr.Dataset({"traced_idle_us": (("rank", "sync"), [[0.0], [4.0]])})
+    >>> tree = xr.DataTree.from_dict({"inventory": inv})
+    >>> with_idle_scaled(tree, 0.5)["inventory"]["traced_idle_us"].values.ravel().tolist()
+    [1.0, 3.0]
+    """
+    inventory = posterior["inventory"].to_dataset()
+    idle = inventory["traced_idle_us"]
+    mean = idle.mean(dim=[d for d in idle.dims if d != "sync"], skipna=True)
+    scaled = (mean + multiplier * (idle - mean)).transpose(*idle.dims)
+    tree = posterior.copy()
+    tree["inventory"] = inventory.assign(traced_idle_us=idle.copy(data=scaled.to_numpy()))
+    return tree
+
+
 def _progress(items: Iterable, enabled: bool, desc: str) -> Iterable:
     if not enabled:
         return items
@@ -340,7 +380,9 @@ def sensitivity(
 
     For every kernel class × level (``node``, ``gpu``, ``step``, ``gpustep``, ``residual``,
     ``cabinet`` when fitted), for every collective at level ``collective`` (its transfer noise
-    and shared congestion together), and for ``factor="all"`` classes/collectives of each level,
+    and shared congestion together), for the ranks' host idle (factor ``host``, level ``idle``:
+    the spread of the traced idle before each synchronisation, :func:`with_idle_scaled`) and
+    for ``factor="all"`` classes/collectives of each level,
     the plan is recomposed with that loading set to zero (:data:`REMOVED`) and to half its
     value, with the same
     posterior draws and seed as the base forecast (common random numbers).
@@ -400,12 +442,21 @@ def sensitivity(
     base = per_draw(thinned)
     excess = float(np.mean(base.p95_s)) - base.ideal_step_time_s
     n_draws = base.p95_s.size
+    # (factor, level, has spread, the tree with the source times a multiplier)
+    edits: list[tuple[str, str, bool, Callable[[float], xr.DataTree]]] = [
+        (source.factor, source.level, source.has_spread(group),
+         lambda m, s=source: with_posterior_group(thinned, s.edit(group, m)))
+        for source in sources_of(group)
+    ]
+    if "inventory" in thinned.children and "traced_idle_us" in thinned["inventory"]:
+        edits.append((*HOST_IDLE, idle_has_spread(thinned),
+                      lambda m: with_idle_scaled(thinned, m)))
     contributions = []
-    for source in _progress(sources_of(group), progress, "sensitivity"):
-        entry: dict = {"factor": source.factor, "level": source.level}
-        if source.has_spread(group):
-            removed = per_draw(with_posterior_group(thinned, source.edit(group, REMOVED)))
-            halved = per_draw(with_posterior_group(thinned, source.edit(group, 0.5)))
+    for factor, level, spread, edited in _progress(edits, progress, "sensitivity"):
+        entry: dict = {"factor": factor, "level": level}
+        if spread:
+            removed = per_draw(edited(REMOVED))
+            halved = per_draw(edited(0.5))
             entry.update(reduction(base, removed, thresholds), composed=True)
             entry["halved"] = reduction(base, halved, thresholds)
         else:

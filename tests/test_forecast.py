@@ -127,7 +127,7 @@ def test_summary_has_the_documented_keys():
     summary = summarize_forecast(fc, include_draws=True)
     (plan,) = summary["plans"]
     assert set(plan) == {"name", "gpus", "dp", "tp", "pp", "cp", "ep", "microbatches",
-                         "schedule", "step_time_s", "ideal_step_time_s",
+                         "schedule", "step_time_s", "ideal_step_time_s", "baseline_step_time_s",
                          "degraded_link_probability", "degraded_link",
                          "slowdown_probability", "breakdown_s", "training_time_s", "steps",
                          "finish_probability", "draws_s"}
@@ -200,8 +200,8 @@ def test_cli_table_lists_every_plan():
                   draws=10, replicates=2, progress=False)
     table = cli_forecast.format_table(summarize_forecast(fc))
     lines = table.splitlines()
-    assert lines[0].split() == ["plan", "GPUs", "median", "s", "90%", "interval", "s",
-                                "P(>5%)", "P(>10%)"]
+    assert lines[0].split() == ["plan", "GPUs", "step", "median", "step", "90%", "P(>1.05x)",
+                                "P(>1.1x)", "P(>1.2x)"]
     assert lines[1].split()[:2] == ["small", "2"] and lines[2].split()[:2] == ["big", "512"]
 
 

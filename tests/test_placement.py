@@ -8,7 +8,7 @@ from posterior_builders import analysis_plan, analysis_posterior
 
 from bayesprism.cli.place import format_table
 from bayesprism.composition import compose
-from bayesprism.errors import InputError, PlanError
+from bayesprism.errors import InputError
 from bayesprism.placement import place
 from bayesprism.plan import Cluster
 from bayesprism.slots import drained_cluster, rank_nodes, slots_of
@@ -142,10 +142,13 @@ def test_a_degraded_node_with_a_spare_is_left_out():
     )
     result = place(post, _plan(**PIPELINE), draws=4, replicates=2, drain=1)
     assert result["spares"] == ["n5"] and "n5" not in result["assignment"]
-    assert result["drain"] == ["n5"]
-    # draining a node that runs nothing changes nothing
-    assert result["drain_detail"][0]["throughput_per_gpu_gain"] == pytest.approx(1.0, rel=1e-12)
-    assert "spare" in format_table(result, "pipeline")
+    # draining a node that runs nothing changes nothing: no drain is advised, consistently
+    first = result["drain_detail"][0]
+    assert first["node"] == "n5" and not first["improves"]
+    assert first["throughput_per_gpu_gain"] == pytest.approx(1.0, rel=1e-12)
+    assert result["drain"] == []
+    table = format_table(result, "pipeline")
+    assert "spare" in table and "advice: drain nothing" in table
 
 
 def test_results_are_reproducible_with_a_seed():
@@ -163,6 +166,31 @@ def test_results_are_reproducible_with_a_seed():
     assert first["objective"] == "p95" and first["gain_vs_random"] >= 1.0
 
 
+def test_a_plan_larger_than_the_measured_nodes_is_placed_with_new_nodes():
+    """16 slots, 4 measured nodes (n2 degraded): the measured nodes keep their effects in the
+    first slots, 12 new nodes come from the population; draining n2 puts a new node in its
+    place (the plan is kept) and is advised because it raises throughput."""
+    post = analysis_posterior(
+        draws=4,
+        node_effect=_nodes(4, {"n2": 3.0}),
+        scales={"node": {"gemm": 0.1, "attention": 0.1}},
+    )
+    plan = _plan(dp=32)  # 32 one-GPU replicas on 2-GPU nodes: 16 node slots
+    result = place(post, plan, draws=4, replicates=2, drain=2)
+    assert result["new_nodes"] == 12 and set(result["assignment"]) == {"n0", "n1", "n2", "n3"}
+    assert result["spares"] == []
+    first, second = result["drain_detail"]
+    assert first["node"] == "n2" and first["dp"] == 32 and first["gpus"] == 32
+    assert first["improves"] and first["throughput_per_gpu_gain"] > 1.05
+    # the advice is the prefix with the best gain, and says so in the table
+    best = max(range(2), key=lambda j: result["drain_detail"][j]["throughput_per_gpu_gain"])
+    assert result["drain"] == ["n2", second["node"]][: best + 1]
+    assert all(d["improves"] for d in result["drain_detail"][: len(result["drain"])])
+    table = format_table(result, "dp32")
+    assert "12 new nodes drawn from the fitted population" in table
+    assert "advice: drain n2" in table
+
+
 def test_drained_cluster_shrinks_dp_only_without_spares():
     plan = _plan(**PIPELINE)
     ranking = ["n5", "n0", "n1", "n2", "n3", "n4", "n6", "n7", "n8"]
@@ -175,10 +203,6 @@ def test_drained_cluster_shrinks_dp_only_without_spares():
 
 def test_bad_input_is_named():
     post = analysis_posterior(draws=2, node_effect=_nodes(4))
-    with pytest.raises(
-        PlanError, match="nodes: the plan needs 8 nodes of 2 GPUs; only 4 measured nodes"
-    ):
-        place(post, _plan(**PIPELINE), draws=2, replicates=1)
     with pytest.raises(InputError, match="node not measured in the posterior"):
         place(post, _plan(dp=2), cluster=Cluster(gpus_per_node=2, nodes=("n0", "x9")), draws=2)
     with pytest.raises(InputError, match="objective: must be one of"):

@@ -88,8 +88,8 @@ def test_report_has_every_section(html):
 def test_report_is_self_contained(html):
     assert "<script" not in html.lower()
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)
-    # trace, rank, ppc, variance, node, gpu, fan, breakdown, slowdown
-    assert html.count("data:image/png;base64,") == 9
+    # answer, trace, rank, ppc, variance, node, gpu, fan, breakdown, slowdown
+    assert html.count("data:image/png;base64,") == 10
 
 
 def test_forecast_numbers_match_the_summary_json(html, inputs):
@@ -197,3 +197,73 @@ def test_cli_report_rejects_bad_json(inputs, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"error: {tmp_path / 's.json'}: --sensitivity: not valid JSON")
     assert not (tmp_path / "r.html").exists()
+
+
+# -- the answer first -----------------------------------------------------------------------------
+def test_the_answer_opens_the_report_then_data_then_diagnostics(html, inputs):
+    _, forecast, _ = inputs
+    order = [html.index(f"id='{s}'") for s in ("answer", "data", "diagnostics", "forecast")]
+    assert order == sorted(order)
+    answer = html[order[0]:order[1]]
+    # one figure, the table with units, P(slowdown) and P(finish) per deadline
+    assert answer.count("data:image/png;base64,") == 1
+    assert "P(finish ≤ 5.5 min)" in answer and "P(slowdown &gt; 1.05×)" in answer
+    plan = forecast_summary(forecast)["plans"][3]
+    assert f"<td>{fmt_s(plan['step_time_s']['p50'])}</td>" in answer
+    assert fmt_s(plan["step_time_s"]["p50"]).endswith(" ms")
+    assert f"<td>{fmt_p(plan['finish_probability']['330'])}</td>" in answer
+    # no seconds in scientific notation anywhere in the forecast tables
+    assert not re.search(r"<td>-?\d\.\d+e[-+]\d+</td>", html)
+
+
+def test_single_plan_report_draws_the_answer_without_a_gpu_axis(inputs, tmp_path):
+    from bayesprism.plots import png_title
+
+    fit, forecast, diagnosis = inputs
+    one = forecast.to_dataset().isel(plan=[0])
+    html = write(fit, tmp_path / "one.html", forecast=one, diagnosis=diagnosis).read_text()
+    assert "id='answer'" in html and "dp12" in html
+    # the fan and slowdown curves need several scales: the answer figure stands for them
+    answer = html[html.index("id='answer'"):html.index("id='data'")]
+    assert answer.count("data:image/png;base64,") == 1
+    assert html.count("data:image/png;base64,") == 8
+    from bayesprism import plots
+
+    summary = forecast_summary(one)
+    path = plots.plot_answer(summary, tmp_path / "answer.png")
+    assert png_title(path) == "Step time and training time vs number of GPUs"
+
+
+def test_report_renders_in_a_headless_browser(html, tmp_path):
+    """Chromium (Debian's package; .ci/run installs it) renders the report: every figure
+    decodes and the answer table is on the first screen."""
+    import shutil
+    import subprocess
+
+    browser = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")
+                    if shutil.which(b)), None)
+    if browser is None:
+        pytest.skip("no Chromium on this machine (apt-get install chromium)")
+    page = tmp_path / "report.html"
+    page.write_text(html, encoding="utf-8")
+    # a script appended to a copy reports, in the DOM the browser dumps, what it rendered
+    probe = html.replace("</body>", """<script>
+      const imgs = [...document.images];
+      const table = document.querySelector('#answer + p + table');
+      const box = table.getBoundingClientRect();
+      const out = document.createElement('pre'); out.id = 'probe';
+      out.textContent = JSON.stringify({images: imgs.length,
+        decoded: imgs.filter(i => i.complete && i.naturalWidth > 0).length,
+        tableBottom: box.bottom, viewport: window.innerHeight});
+      document.body.appendChild(out);
+    </script></body>""")
+    page.write_text(probe, encoding="utf-8")
+    result = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,900",
+         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120, check=False)
+    match = re.search(r"<pre id=\"probe\">(.*?)</pre>", result.stdout)
+    assert match, result.stderr[-2000:]
+    facts = json.loads(match.group(1).replace("&quot;", '"'))
+    assert facts["images"] == 10 and facts["decoded"] == 10
+    assert facts["tableBottom"] <= facts["viewport"]  # the answer table is on the first screen

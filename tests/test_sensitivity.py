@@ -211,3 +211,25 @@ def test_removed_mixture_residual_forecasts_the_no_residual_step_time():
                                                             (WEIGHT, SHIFT / 2, SLOW_SD / 2)))
     assert entry["halved"]["mean_delta_s"] == pytest.approx(gemm_s * (mean[0] - half[0]),
                                                             rel=0.05)
+
+
+def test_host_idle_is_a_source_and_leads_on_a_host_bound_step():
+    """Ranks idle 0–40 ms before the step ends (a ~20 ms mean on a 40 ms step of kernels with
+    little spread): at dp=64 every step waits for the slowest host, which the host-idle source
+    explains; removing it keeps the mean idle, so the step stays above the kernels alone."""
+    post = analysis_posterior(draws=10, scales={"gpustep": {"gemm": 0.02}})
+    inventory = post["inventory"].to_dataset()
+    ranks, steps = inventory.sizes["rank"], 4
+    idle = np.linspace(0.0, 40e3, ranks * steps).reshape(steps, ranks, 1)
+    inventory["traced_idle_us"] = (("step_unit", "rank", "sync"), idle)
+    inventory["sync_role"] = ("sync", ["step"])
+    post["inventory"] = inventory
+    result = sensitivity(post, analysis_plan(dp=64), draws=10, replicates=16)
+    host = _entry(result, "host", "idle")
+    assert host["composed"] and result["contributions"][0] is host
+    assert host["p95_delta_s"] > 0.01  # the slowest of 64 hosts idles far above the mean
+    assert 0 < host["halved"]["p95_delta_s"] < host["p95_delta_s"]
+    assert "host" in format_table(result, "dp64", top=3)
+    # without traced idle there is no such source
+    plain = sensitivity(analysis_posterior(draws=4), analysis_plan(dp=4), draws=4, replicates=2)
+    assert not [e for e in plain["contributions"] if e["level"] == "idle"]

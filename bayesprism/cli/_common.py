@@ -172,3 +172,188 @@ def check_outputs(*paths: tuple[str | Path | None, str]) -> None:
             problems.extend(exc.problems)
     if problems:
         raise InputError(problems)
+
+
+# -- durations: parsed from the command line, printed in a unit a person reads ---------------------
+
+#: Unit suffixes accepted by :func:`parse_duration`, in seconds.
+DURATION_UNITS: dict[str, float] = {
+    "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0,
+    "d": 86400.0, "w": 7 * 86400.0,
+}
+def parse_duration(text: str, option: str) -> float:
+    """Seconds from ``"36h"``, ``"14d"``, ``"250ms"``, ``"90 min"`` or a bare number of seconds.
+
+    Parameters
+    ----------
+    text
+        A positive number with an optional unit (``us ms s m min h d w``).
+    option
+        The command-line option, for the error message.
+
+    Raises
+    ------
+    InputError
+        Not a positive finite number with a known unit.
+
+    Examples
+    --------
+    >>> parse_duration("36h", "--deadline"), parse_duration("1.5e3", "--deadline")
+    (129600.0, 1500.0)
+    >>> parse_duration("250ms", "--baseline")
+    0.25
+    """
+    from bayesprism.errors import InputError, Problem
+
+    raw = text.strip().lower()
+    number, unit = raw, "s"
+    for suffix in sorted(DURATION_UNITS, key=len, reverse=True):
+        # "1e3" ends in no unit; "3ms" must not be read as "3m" + "s"
+        if raw.endswith(suffix) and raw[: -len(suffix)].strip():
+            number, unit = raw[: -len(suffix)].strip(), suffix
+            break
+    try:
+        value = float(number) * DURATION_UNITS[unit]
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise InputError(Problem("command line", option, "expected a positive duration such "
+                                 "as 36h, 14d, 250ms or seconds", example=text))
+    return value
+
+
+def parse_number_list(text: str, option: str, *, lowest: float, exclusive: bool = True
+                      ) -> list[float]:
+    """Comma-separated numbers above ``lowest`` (a ``%`` suffix: ``10%`` is ``1.10``).
+
+    Examples
+    --------
+    >>> parse_number_list("1.05, 10%", "--thresholds", lowest=1.0)
+    [1.05, 1.1]
+    """
+    from bayesprism.errors import InputError, Problem
+
+    values = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            # a slowdown given in percent is a factor over the baseline
+            value = 1 + float(part[:-1]) / 100 if part.endswith("%") else float(part)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < lowest or (exclusive and value == lowest):
+            raise InputError(Problem("command line", option, f"expected numbers above {lowest:g} "
+                                     "(comma-separated; 10% means 1.10)", example=part))
+        values.append(round(value, 12))
+    if not values:
+        raise InputError(Problem("command line", option, "expected at least one value",
+                                 example=text))
+    return values
+
+
+# duration_unit, format_duration, format_interval: shared with the report (a lower layer)
+from bayesprism.report_sections import (  # noqa: E402
+    duration_unit,
+    format_duration,
+    format_interval,
+)
+
+__all__ = [
+    "add_columns_option", "add_common", "add_layout_option", "check_counts", "check_outputs",
+    "duration_unit", "format_duration", "format_interval", "parse_columns", "parse_duration",
+    "parse_number_list", "print_json", "print_warnings", "summarize_warnings", "to_jsonable",
+]
+
+
+# -- warnings: gathered during a command, printed once at its end ----------------------------------
+
+#: (phrase in the message or category name, what to do), most important first: the order of the
+#: printed list. Messages matching none keep their place after these.
+WARNING_ADVICE: tuple[tuple[str, str], ...] = (
+    ("is left out", "give the plan's activation_bytes/gradient_bytes and layers (plan file) "
+     "so this communication is costed, or read the forecast as a lower bound"),
+    ("ConvergenceWarning", "sample longer (--draws/--tune) or raise --target-accept (e.g. "
+     "0.95); check with `bayesprism diagnose`"),
+    ("slowdown cap", "the tail is extrapolated far beyond the measured units: measure more "
+     "nodes, or read the high quantiles as a bound"),
+    ("keep their traced duration", "give nccl-tests sweeps or message sizes so these "
+     "collectives follow the cost model"),
+    ("ArtifactWarning", "re-run `bayesprism fit` with this version to refresh the artifact"),
+    ("IngestWarning", "check the inputs (`bayesprism ingest` prints what was skipped)"),
+)
+
+
+
+def summarize_warnings(caught) -> list[str]:
+    """De-duplicated warning lines, most important first, each with what to do.
+
+    A message that several plans raise (``"dp8: ... left out"``, ``"dp512: ... left out"``) is
+    printed once with the plans listed.
+
+    Parameters
+    ----------
+    caught
+        ``warnings.WarningMessage`` records (``warnings.catch_warnings(record=True)``).
+
+    Returns
+    -------
+    list of str
+        One entry per distinct message (possibly two lines: the message and ``what to do``).
+
+    Examples
+    --------
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     for plan in ("dp8", "dp64"):
+    ...         warnings.warn(f"{plan}: TP communication is left out")
+    >>> summarize_warnings(caught)[0].splitlines()[0]
+    'dp8, dp64: TP communication is left out'
+    """
+    import re
+
+    prefixed = re.compile(r"^([^\s:]+): (.+)$", re.DOTALL)
+    groups: dict[tuple[str, str], list[str]] = {}
+    for record in caught:
+        message = " ".join(str(record.message).split())
+        category = getattr(record.category, "__name__", "Warning")
+        match = prefixed.match(message)
+        who, text = (match.group(1), match.group(2)) if match else ("", message)
+        names = groups.setdefault((category, text), [])
+        if who not in names:
+            names.append(who)
+
+    def rank(item) -> int:
+        (category, text), _ = item
+        for i, (phrase, _) in enumerate(WARNING_ADVICE):
+            if phrase in text or phrase == category:
+                return i
+        return len(WARNING_ADVICE)
+
+    lines = []
+    for (category, text), names in sorted(groups.items(), key=rank):
+        who = ", ".join(n for n in names if n)
+        if len(names) > 4 and all(names):
+            who = f"{', '.join(names[:3])} and {len(names) - 3} more plans"
+        line = f"{who}: {text}" if who else text
+        index = rank(((category, text), names))
+        if index < len(WARNING_ADVICE):
+            line += f"\n    what to do: {WARNING_ADVICE[index][1]}"
+        lines.append(line)
+    return lines
+
+
+def print_warnings(caught, file=None) -> None:
+    """Print :func:`summarize_warnings` as a short list on stderr (nothing when empty).
+
+    The list starts on a line of its own, after any progress bar has finished.
+    """
+    lines = summarize_warnings(caught)
+    if not lines:
+        return
+    out = file or sys.stderr
+    out.write(f"\nwarnings ({len(lines)}):\n")
+    for line in lines:
+        out.write(f"  - {line}\n")
+    out.flush()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import warnings
 from pathlib import Path
 
@@ -47,6 +46,9 @@ def register(sub) -> None:
     parser.add_argument("--tune", type=int, default=1000, help="warm-up per chain (default 1000)")
     parser.add_argument("--chains", type=int, default=2, help="chains (default 2)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--target-accept", type=float, default=None, metavar="P",
+                        help="NUTS target acceptance rate in (0, 1); raise it (e.g. 0.95) "
+                        "when the fit reports divergences (default: the model's, 0.8 or 0.9)")
     parser.add_argument("--sampler", choices=("auto", "nutpie", "pymc", "advi"), default="auto",
                         help="sampler (default auto: nutpie when installed)")
     add_layout_option(parser, "every run of the inputs, raw traces and Parquet tables "
@@ -113,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
                 if value < 1]
     if args.tune < 0:
         problems.append(Problem("arguments", "--tune", "must be >= 0", example=args.tune))
+    if args.target_accept is not None and not 0 < args.target_accept < 1:
+        problems.append(Problem("arguments", "--target-accept", "must be between 0 and 1 "
+                                "(exclusive)", example=args.target_accept))
     try:
         check_outputs((args.output, "-o"))
     except InputError as exc:
@@ -132,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tree = fit(tables, args.model, draws=args.draws, tune=args.tune, chains=args.chains,
-                   sampler=args.sampler, random_seed=args.seed, progress=progress)
+                   sampler=args.sampler, random_seed=args.seed, progress=progress,
+                   target_accept=args.target_accept)
     notes = [str(w.message) for w in caught
              if issubclass(w.category, ConvergenceWarning)
              or str(w.message).startswith("every row is a step-level row")]
@@ -151,11 +157,12 @@ def run(args: argparse.Namespace) -> int:
         "warnings": notes,
     }
     if args.json:
+        # JSON carries its warnings in "warnings"; stderr stays as it was (nothing)
         print_json(summary)
         return 0
-    if not args.quiet:
-        for note in notes:
-            print(f"warning: {note}", file=sys.stderr)
+    # the command's warning summary (bayesprism.cli.main) prints them once, with what to do
+    for record in caught:
+        warnings.warn_explicit(record.message, record.category, record.filename, record.lineno)
     print(f"saved {path} ({summary['model_kind']} model, sampler {summary['sampler']}, "
           f"{summary['seconds']:.1f} s)")
     print(f"max R-hat {conv['max_rhat']:.3f}, min bulk ESS {conv['min_ess_bulk']:.0f}, "

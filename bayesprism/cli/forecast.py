@@ -5,8 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bayesprism.cli._common import add_common, check_counts, check_outputs, print_json
-from bayesprism.errors import PlanError, Problem
+from bayesprism.cli._common import (
+    add_common,
+    check_counts,
+    check_outputs,
+    format_duration,
+    format_interval,
+    parse_duration,
+    parse_number_list,
+    print_json,
+)
+from bayesprism.errors import InputError, PlanError, Problem
 
 #: Layout flags -> ParallelPlan fields.
 LAYOUT_FLAGS = {
@@ -36,7 +45,27 @@ def register(sub) -> None:
                                 "each (a weak-scaling sweep, e.g. --dp 2,8,32,128,512)")
             continue
         parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=kind, default=None)
-    parser.add_argument("--steps", type=int, default=None, help="training steps")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="training steps (for training time and --deadline)")
+    parser.add_argument("--samples", type=float, default=None, metavar="N",
+                        help="training samples instead of --steps: steps = N / --global-batch")
+    parser.add_argument("--tokens", type=float, default=None, metavar="N",
+                        help="training tokens instead of --steps: steps = N / (--global-batch "
+                        "x --seq-length)")
+    parser.add_argument("--global-batch", type=int, default=None, metavar="SAMPLES",
+                        help="samples per step (global batch), with --samples or --tokens")
+    parser.add_argument("--seq-length", type=int, default=None, metavar="TOKENS",
+                        help="tokens per sample, with --tokens")
+    parser.add_argument("--deadline", action="append", default=[], metavar="T[,T...]",
+                        help="training-time budget for P(finish <= T), e.g. 36h, 14d, 90m or "
+                        "seconds; comma-separated or repeated; needs --steps")
+    parser.add_argument("--baseline", default="ideal", metavar="ideal|traced|TIME",
+                        help="step time P(slowdown) is measured against: 'ideal' (each plan's "
+                        "variability-free step, the default), 'traced' (the median measured "
+                        "step of the traced run) or a time such as 250ms")
+    parser.add_argument("--thresholds", default="1.05,1.10,1.20", metavar="X[,X...]",
+                        help="slowdown factors x of P(step > x * baseline), e.g. 1.1,1.5 or "
+                        "10%%,50%% (default 1.05,1.10,1.20)")
     parser.add_argument("--draws", type=int, default=1000, help="posterior draws (default 1000)")
     parser.add_argument("--replicates", type=int, default=8, help="steps per draw (default 8)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -143,32 +172,144 @@ def _traced_plan_values(posterior) -> dict:
 
 
 def format_table(summary: dict) -> str:
-    """Plan, GPUs, median and 90% interval of step time, P(slowdown > 5%, 10%)."""
-    header = (f"{'plan':<32}{'GPUs':>8}{'median s':>12}{'90% interval s':>24}"
-              f"{'P(>5%)':>9}{'P(>10%)':>9}")
-    lines = [header]
-    for plan in summary["plans"]:
+    """The answer per plan, in readable units: GPUs, step time (median and 90 % interval of a
+    single step), training time (median and 90 % interval, with steps), P(slowdown > x) against
+    the baseline and P(finish <= T) per deadline.
+
+    Examples
+    --------
+    >>> plan = {"name": "dp8", "gpus": 8, "step_time_s": {"p50": 0.0193, "p05": 0.018,
+    ...         "p95": 0.021}, "slowdown_probability": {"1.10": 0.25}}
+    >>> print(format_table({"plans": [plan]}))  # doctest: +NORMALIZE_WHITESPACE
+    plan  GPUs  step median  step 90%  P(>1.1x)
+    dp8      8      19.3 ms  18–21 ms      0.25
+    """
+    plans = summary["plans"]
+    thresholds = list(dict.fromkeys(k for p in plans for k in p["slowdown_probability"]))
+    deadlines = list(dict.fromkeys(k for p in plans for k in p.get("finish_probability", {})))
+    columns: list[tuple[str, str]] = [("plan", "<"), ("GPUs", ">"), ("step median", ">"),
+                                      ("step 90%", "<")]
+    training = any("training_time_s" in p for p in plans)
+    if training:
+        columns += [("steps", ">"), ("training median", ">"), ("training 90%", "<")]
+    columns += [(f"P(>{_factor(k)}x)", ">") for k in thresholds]
+    columns += [(f"P(<={_deadline(k)})", ">") for k in deadlines]
+    rows = []
+    for plan in plans:
         step = plan["step_time_s"]
-        slow = plan["slowdown_probability"]
-        interval = f"[{step['p05']:.4g}, {step['p95']:.4g}]"
-        lines.append(
-            f"{plan['name'][:31]:<32}{plan['gpus']:>8}{step['p50']:>12.4g}{interval:>24}"
-            f"{_fmt(slow.get('1.05')):>9}{_fmt(slow.get('1.10')):>9}"
-        )
+        row = [plan["name"], str(plan["gpus"]), format_duration(step["p50"]),
+               format_interval(step["p05"], step["p95"])]
+        if training:
+            train = plan.get("training_time_s")
+            row += ([f"{plan['steps']:,}", format_duration(train["p50"]),
+                     format_interval(train["p05"], train["p95"])] if train else ["-"] * 3)
+        row += [_prob(plan["slowdown_probability"].get(k)) for k in thresholds]
+        row += [_prob(plan.get("finish_probability", {}).get(k)) for k in deadlines]
+        rows.append(row)
+    widths = [max(len(name), *(len(r[i]) for r in rows)) for i, (name, _) in
+              enumerate(columns)]
+    lines = ["  ".join(f"{name:{align}{w}}" for (name, align), w in zip(columns, widths,
+                                                                          strict=True)).rstrip()]
+    for row in rows:
+        lines.append("  ".join(f"{cell:{align}{w}}" for cell, (_, align), w in
+                               zip(row, columns, widths, strict=True)).rstrip())
+    for plan in plans:
         if plan.get("degraded_link_probability", 0.0) >= 0.01:
             source = ("fitted" if plan.get("degraded_link") == "fitted" else
                       "from the prior: fit nccl-tests sweeps of several allocations to learn it")
-            lines.append(f"{'':<32}{'':>8}  P(a node with a degraded link): "
+            lines.append(f"{plan['name']}: P(a node with a degraded link) "
                          f"{plan['degraded_link_probability']:.2f}, included above ({source})")
-        if "training_time_s" in plan:
-            train = plan["training_time_s"]
-            lines.append(f"{'':<32}{'':>8}  training ({plan['steps']} steps): median "
-                         f"{train['p50']:.4g} s, 90% [{train['p05']:.4g}, {train['p95']:.4g}]")
+    baseline = summary.get("baseline")
+    if baseline and thresholds:
+        lines.append(f"P(>x): P(step > x * baseline), baseline = {_baseline_text(baseline)}")
     return "\n".join(lines)
 
 
-def _fmt(p) -> str:
-    return "-" if p is None else f"{p:.3f}"
+def _factor(key: str) -> str:
+    return f"{float(key):g}"
+
+
+def _deadline(key: str) -> str:
+    return format_duration(float(key)).replace(" ", "")
+
+
+def _prob(p) -> str:
+    return "-" if p is None else f"{p:.2f}"
+
+
+def _baseline_text(baseline: dict) -> str:
+    kind = baseline.get("kind")
+    if kind == "ideal":
+        return "each plan's variability-free (ideal) step"
+    value = format_duration(baseline.get("step_time_s"))
+    return f"the measured step of the traced run ({value})" if kind == "traced" else value
+
+
+def baseline_step_time(text: str, posterior, source: str = "posterior"
+                       ) -> tuple[dict, float | None]:
+    """``--baseline``: ``{"kind", "step_time_s"}`` and the value for ``forecast(baseline_s=)``.
+
+    Raises
+    ------
+    InputError
+        Not ``ideal``, ``traced`` or a duration; ``traced`` on a posterior without a measured
+        step (see :func:`bayesprism.forecast.traced_step_time_s`).
+    """
+    from bayesprism.forecast import traced_step_time_s
+
+    choice = text.strip().lower()
+    if choice == "ideal":
+        return {"kind": "ideal", "step_time_s": None}, None
+    if choice == "traced":
+        value = traced_step_time_s(posterior, source=source)
+        return {"kind": "traced", "step_time_s": value}, value
+    if not choice[:1].isdigit() and not choice.startswith("."):
+        raise InputError(Problem("command line", "--baseline", "expected ideal, traced or a "
+                                 "step time such as 250ms or 1.2s", example=text))
+    value = parse_duration(text, "--baseline")
+    return {"kind": "given", "step_time_s": value}, value
+
+
+def training_steps(args: argparse.Namespace) -> int | None:
+    """``--steps``, or the steps that ``--samples``/``--tokens`` take at ``--global-batch``.
+
+    Raises
+    ------
+    InputError
+        Both steps and an amount, an amount without the batch, or values out of range.
+
+    Examples
+    --------
+    >>> ns = argparse.Namespace(steps=None, samples=None, tokens=3e9, global_batch=1024,
+    ...                         seq_length=2048)
+    >>> training_steps(ns)
+    1431
+    """
+    import math
+
+    given = [name for name in ("steps", "samples", "tokens") if getattr(args, name) is not None]
+    if len(given) > 1:
+        raise InputError(Problem("command line", "--" + given[1], "give one of --steps, "
+                                 "--samples and --tokens", example=getattr(args, given[1])))
+    check_counts(("--global-batch", args.global_batch, 1, None),
+                 ("--seq-length", args.seq_length, 1, None))
+    if not given or given[0] == "steps":
+        return args.steps
+    amount = getattr(args, given[0])
+    option = f"--{given[0]}"
+    if not (math.isfinite(amount) and amount > 0):
+        raise InputError(Problem("command line", option, "must be a positive number",
+                                 example=amount))
+    if args.global_batch is None:
+        raise InputError(Problem("command line", "--global-batch", f"{option} needs the "
+                                 "global batch (samples per step)"))
+    per_step = args.global_batch
+    if given[0] == "tokens":
+        if args.seq_length is None:
+            raise InputError(Problem("command line", "--seq-length", "--tokens needs the "
+                                     "sequence length (tokens per sample)"))
+        per_step *= args.seq_length
+    return max(1, math.ceil(amount / per_step))
 
 
 def run(args) -> int:
@@ -178,19 +319,32 @@ def run(args) -> int:
     check_counts(("--steps", args.steps, 1, None), ("--draws", args.draws, 1, None),
                  ("--replicates", args.replicates, 1, None))
     check_outputs((args.json, "--json"), (args.output, "-o"))
+    steps = training_steps(args)
+    thresholds = parse_number_list(args.thresholds, "--thresholds", lowest=0.0)
+    deadlines = [t for text in args.deadline for part in text.split(",") if part.strip()
+                 for t in [parse_duration(part, "--deadline")]]
+    if deadlines and steps is None:
+        raise InputError(Problem("command line", "--deadline", "needs --steps (or --samples/"
+                                 "--tokens with --global-batch) to forecast training time",
+                                 example=args.deadline[0]))
     posterior = load(args.posterior, expect="posterior")
+    baseline, baseline_s = baseline_step_time(args.baseline, posterior, str(args.posterior))
     plans, cluster = build_plans(args, posterior)
     result = forecast(
         posterior,
         plans,
-        steps=args.steps,
+        steps=steps,
         draws=args.draws,
         replicates=args.replicates,
         random_seed=args.seed,
+        baseline_s=baseline_s,
+        deadlines_s=deadlines or None,
+        thresholds=thresholds,
         progress=not args.quiet,
         cluster=cluster,
     )
-    summary = summarize_forecast(result, include_draws=args.include_draws)
+    summary = {**summarize_forecast(result, include_draws=args.include_draws),
+               "baseline": baseline, "thresholds": thresholds, "deadlines_s": deadlines}
     if args.output is not None:
         save(result, args.output)
     if args.json is not None:

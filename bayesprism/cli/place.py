@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bayesprism.cli._common import add_common, print_json
+from bayesprism.cli._common import add_common, format_duration, print_json
 from bayesprism.cli.sensitivity import add_plan_arguments, load_inputs
 
 
@@ -59,8 +59,8 @@ def format_table(result: dict, plan_name: str) -> str:
     wlo, whi = result["gain_vs_worst_ci90"]
     lines = [
         f"plan {plan_name}: optimised {result['objective']} step time "
-        f"{result['objective_s']:.4g} s (random {result['random_s']:.4g} s, "
-        f"worst {result['worst_s']:.4g} s)",
+        f"{format_duration(result['objective_s'])} (random "
+        f"{format_duration(result['random_s'])}, worst {format_duration(result['worst_s'])})",
         f"gain vs random {result['gain_vs_random']:.4f} [{lo:.4f}, {hi:.4f}], "
         f"gain vs worst {result['gain_vs_worst']:.4f} [{wlo:.4f}, {whi:.4f}] "
         f"({result['draws']} draws, {result['compositions']} compositions)",
@@ -75,12 +75,19 @@ def format_table(result: dict, plan_name: str) -> str:
         )
     for node in result["spares"]:
         lines.append(f"{node:<20}{effect.get(node, 0.0):>+8.2f}  {'-':>5}  spare")
-    if result["drain"]:
-        lines += ["", "drain advice (cumulative throughput per GPU vs not draining):"]
+    if result.get("new_nodes"):
+        lines.append(f"(+ {result['new_nodes']} new nodes drawn from the fitted population in "
+                     "the other slots)")
+    if result["drain_detail"]:
+        lines += ["", "draining the slowest nodes (cumulative throughput per GPU vs not "
+                  "draining; > 1 is better):"]
         for item in result["drain_detail"]:
             lo, hi = item["ci90"]
+            verdict = "better" if item["improves"] else "no better"
             lines.append(
                 f"  {item['node']:<20}{item['throughput_per_gpu_gain']:.4f} "
-                f"[{lo:.4f}, {hi:.4f}]  dp {item['dp']}"
+                f"[{lo:.4f}, {hi:.4f}]  dp {item['dp']}  {verdict}"
             )
+        lines.append("advice: drain " + ", ".join(result["drain"]) if result["drain"] else
+                     "advice: drain nothing (no drain improves throughput per GPU)")
     return "\n".join(lines)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bayesprism.cli._common import add_common, check_counts, print_json
+from bayesprism.cli._common import add_common, check_counts, format_duration, print_json
 
 
 def register(sub) -> None:
@@ -66,8 +66,13 @@ def load_inputs(args):
     return load(args.posterior, expect="posterior"), plans[0], cluster
 
 
+def _signed(seconds: float) -> str:
+    """A signed duration in a readable unit, e.g. ``+1.2 ms``."""
+    return ("-" if seconds < 0 else "+") + format_duration(abs(seconds))
+
+
 def _interval(ci) -> str:
-    return f"[{ci[0]:+.4g}, {ci[1]:+.4g}]"
+    return f"[{_signed(ci[0])}, {_signed(ci[1])}]"
 
 
 def run(args) -> int:
@@ -95,22 +100,23 @@ def format_table(result: dict, plan_name: str, top: int) -> str:
     base = result["base"]
     keys = list(base["slowdown_p"])
     lines = [
-        f"plan {plan_name}: ideal {base['ideal_step_time_s']:.4g} s, mean {base['mean_s']:.4g} s, "
-        f"p95 {base['p95_s']:.4g} s {_interval(base['p95_ci90'])}, "
+        f"plan {plan_name}: ideal {format_duration(base['ideal_step_time_s'])}, mean "
+        f"{format_duration(base['mean_s'])}, p95 {format_duration(base['p95_s'])} "
+        f"[{format_duration(base['p95_ci90'][0])}, {format_duration(base['p95_ci90'][1])}], "
         + ", ".join(f"P(slowdown>{k}) {base['slowdown_p'][k]:.3f}" for k in keys),
         f"({result['draws']} draws x {result['replicates']} steps, seed {result['random_seed']}; "
         "deltas are what the source adds: with it minus without it)",
         "",
     ]
-    header = f"{'factor':<16}{'level':<11}{'p95 delta s':>13}  {'90% interval':<24}"
+    header = f"{'factor':<16}{'level':<11}{'p95 delta':>13}  {'90% interval':<26}"
     header += "".join(f"{'dP>' + k:>10}" for k in keys) + f"{'halved p95':>13}"
     lines += [header, "-" * len(header)]
     shown = [e for e in result["contributions"] if e["composed"]]
     for entry in shown[:top]:
-        row = f"{entry['factor']:<16}{entry['level']:<11}{entry['p95_delta_s']:>+13.4g}  "
-        row += f"{_interval(entry['p95_delta_ci90']):<24}"
+        row = f"{entry['factor']:<16}{entry['level']:<11}{_signed(entry['p95_delta_s']):>13}  "
+        row += f"{_interval(entry['p95_delta_ci90']):<26}"
         row += "".join(f"{entry['slowdown_p_delta'][k]:>+10.3f}" for k in keys)
-        row += f"{entry['halved']['p95_delta_s']:>+13.4g}"
+        row += f"{_signed(entry['halved']['p95_delta_s']):>13}"
         lines.append(row)
     if len(shown) > top:
         lines.append(f"... {len(shown) - top} more (use --top or --json)")
