@@ -83,10 +83,6 @@ class ArtifactError(InputError):
     """A saved posterior/forecast cannot be loaded (wrong schema, spec, or corrupt file)."""
 
 
-class FitError(BayesPrismError, RuntimeError):
-    """Fitting failed for a reason that is not bad input."""
-
-
 class IngestWarning(UserWarning):
     """Something was skipped or guessed during ingestion."""
 

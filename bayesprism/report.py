@@ -22,7 +22,6 @@ import xarray as xr
 
 from bayesprism.report_sections import (
     CSS,
-    PLAN_FIELDS,
     esc,
     fmt_p,
     fmt_s,
@@ -37,9 +36,6 @@ from bayesprism.report_sections import (
 )
 
 __all__ = ["data_summary", "fmt_p", "fmt_s", "forecast_summary", "write_report"]
-
-QUANTILE_KEYS = {"p05": 0.05, "p25": 0.25, "p50": 0.5, "p75": 0.75, "p95": 0.95, "p99": 0.99}
-
 
 # ------------------------------------------------------------------------------- values used
 def data_summary(posterior: xr.DataTree) -> dict:
@@ -105,71 +101,10 @@ def data_summary(posterior: xr.DataTree) -> dict:
     return out
 
 
-def _stats(values: np.ndarray) -> dict:
-    """Quantiles over (draw, replicate); ``ci90``: 90 % interval of the per-draw mean."""
-    q = np.quantile(values.reshape(-1), list(QUANTILE_KEYS.values()))
-    out = {"mean": float(np.mean(values))}
-    out.update({key: float(v) for key, v in zip(QUANTILE_KEYS, q, strict=True)})
-    out["ci90"] = [float(x) for x in np.quantile(values.mean(axis=-1), [0.05, 0.95])]
-    return out
-
-
-def _threshold_key(x: float) -> str:
-    """``1.05 -> "1.05"``, ``1.1 -> "1.10"`` (two decimals unless more are needed)."""
-    return f"{x:.2f}" if abs(x * 100 - round(x * 100)) < 1e-9 else f"{x:g}"
-
-
-def _summarize_forecast(forecast: xr.DataTree) -> dict:
-    """The forecast JSON summary computed from the DataTree (used when
-    ``bayesprism.forecast.summarize_forecast`` is not available); same keys."""
-    ds = forecast.to_dataset() if isinstance(forecast, xr.DataTree) else forecast
-    plans = []
-    for i in range(ds.sizes["plan"]):
-        one = ds.isel(plan=i)
-        plan: dict = {
-            "name": str(one["name"].item()) if "name" in one.coords else str(one["plan"].item())
-        }
-        for key in PLAN_FIELDS:
-            if key in one.coords:
-                value = one[key].item()
-                plan[key] = value if isinstance(value, str) else int(value)
-        plan["step_time_s"] = _stats(one["step_time_s"].transpose("draw", "replicate").to_numpy())
-        plan["ideal_step_time_s"] = (
-            float(one["ideal_step_time_s"]) if "ideal_step_time_s" in one else None
-        )
-        if "slowdown_probability" in one:
-            sp = one["slowdown_probability"]
-            plan["slowdown_probability"] = {
-                _threshold_key(float(t)): float(p)
-                for t, p in zip(sp["threshold"].to_numpy(), sp.to_numpy(), strict=True)
-            }
-        plan["breakdown_s"] = {
-            key: float(one[f"{key}_s"].mean())
-            for key in ("compute", "exposed_comm", "bubble", "wait")
-            if f"{key}_s" in one
-        }
-        if "training_time_s" in one:
-            plan["training_time_s"] = _stats(
-                one["training_time_s"].transpose("draw", "replicate").to_numpy()
-            )
-            if "steps" in one:
-                plan["steps"] = int(one["steps"])
-        if "finish_probability" in one:
-            fp = one["finish_probability"]
-            plan["finish_probability"] = {
-                f"{float(t):g}": float(p)
-                for t, p in zip(fp["deadline"].to_numpy(), fp.to_numpy(), strict=True)
-            }
-        plans.append(plan)
-    return {"plans": plans}
-
-
 def forecast_summary(forecast: xr.DataTree) -> dict:
-    """``bayesprism.forecast.summarize_forecast`` when available, else the same dict here."""
-    try:
-        from bayesprism.forecast import summarize_forecast
-    except ImportError:
-        return _summarize_forecast(forecast)
+    """The forecast's plain-number summary (:func:`bayesprism.forecast.summarize_forecast`)."""
+    from bayesprism.forecast import summarize_forecast
+
     return summarize_forecast(forecast)
 
 

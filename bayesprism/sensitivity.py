@@ -141,8 +141,9 @@ def compose_with_seed(
 ) -> StepDraws:
     """Compose ``plan`` with a fresh generator seeded by ``random_seed`` (common random numbers).
 
-    Counterfactual analyses compose the same plan dozens of times: each distinct warning is
-    passed on once per process rather than once per composition.
+    Counterfactual analyses compose the same plan dozens of times: the warnings of each
+    composition are re-issued from this one place, so the default warnings filter shows each
+    distinct message once rather than once per composition.
     """
     from bayesprism.composition import compose
 
@@ -152,15 +153,9 @@ def compose_with_seed(
         steps = compose(posterior, plan, replicates=replicates, rng=rng, cluster=cluster,
                         exact=exact)
     for warning in caught:
-        key = (warning.category, str(warning.message))
-        if key not in _WARNED:
-            _WARNED.add(key)
-            warnings.warn_explicit(warning.message, warning.category, warning.filename,
-                                   warning.lineno)
+        # from one place, so the warnings filter's registry passes each message on once
+        warnings.warn(warning.message, warning.category, stacklevel=2)
     return steps
-
-
-_WARNED: set[tuple[type, str]] = set()
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from posterior_builders import forecast_tree, truth_posterior
 
 from bayesprism.cli.main import main
 from bayesprism.diagnostics import diagnose
-from bayesprism.report import _summarize_forecast, data_summary, fmt_p, fmt_s, forecast_summary
+from bayesprism.report import data_summary, fmt_p, fmt_s, forecast_summary
 from bayesprism.report import write_report as write
 
 SENSITIVITY = {
@@ -105,9 +105,9 @@ def test_forecast_numbers_match_the_summary_json(html, inputs):
         assert f"<td>{fmt_s(plan['breakdown_s']['wait'])}</td>" in html
 
 
-def test_fallback_summary_is_hand_computable(inputs):
+def test_summary_is_hand_computable(inputs):
     _, forecast, _ = inputs
-    summary = _summarize_forecast(forecast)
+    summary = forecast_summary(forecast)
     plan = summary["plans"][2]
     values = forecast["step_time_s"].isel(plan=2).to_numpy()
     assert plan["name"] == "dp768" and plan["gpus"] == 768 and plan["schedule"] == "1f1b"

@@ -45,7 +45,7 @@ def test_forecasts_repeat_with_their_seed(scene, capsys, tmp_path):
     def run(seed: int) -> dict:
         out = tmp_path / f"forecast-{seed}.json"
         args = ["forecast", str(scene / "posterior.nc"), "--plan", str(scene / "plan.toml"),
-                "--draws", "4", "--replicates", "4", "--seed", str(seed), "--json", str(out),
+                "--draws", "4", "--replicates", "4", "--random-seed", str(seed), "--json", str(out),
                 "--quiet"]
         assert main(args) == 0
         return json.loads(out.read_text())
@@ -61,7 +61,8 @@ def test_fit_and_validate_repeat_with_their_seed(tmp_path, capsys):
     def fit(seed: int) -> np.ndarray:
         out = tmp_path / f"posterior-{seed}.nc"
         assert main(["fit", str(table), "-o", str(out), "--draws", "20", "--tune", "20",
-                     "--chains", "1", "--sampler", "pymc", "--seed", str(seed), "--quiet"]) == 0
+                     "--chains", "1", "--sampler", "pymc", "--random-seed", str(seed),
+                     "--quiet"]) == 0
         return io.load(out)["posterior"]["kernel_log_median"].to_numpy()
 
     first = fit(0)
@@ -71,7 +72,7 @@ def test_fit_and_validate_repeat_with_their_seed(tmp_path, capsys):
 
     def validate(seed: int) -> dict:
         return _json(capsys, ["validate", "--fit", str(table), "--split", "nodes", "--draws",
-                              "50", "--methods", "pooled", "--seed", str(seed)])
+                              "50", "--methods", "pooled", "--random-seed", str(seed)])
 
     scores = validate(0)
     assert validate(0) == scores

@@ -38,7 +38,8 @@ def register(sub) -> None:
     p.add_argument(
         "--forecast-draws", type=int, default=400, help="posterior draws used by forecasts"
     )
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--random-seed", "--seed", dest="random_seed", type=int,
+                   default=1)
     p.add_argument(
         "--with-mlperf",
         action="store_true",
@@ -89,7 +90,7 @@ def run(args) -> int:
     stage = _Stage(args.quiet)
     progress = not args.quiet
     fit_kw = dict(
-        draws=args.draws, tune=args.tune, chains=args.chains, random_seed=args.seed,
+        draws=args.draws, tune=args.tune, chains=args.chains, random_seed=args.random_seed,
         progress=progress,
     )
     commands: list[str] = []
@@ -106,7 +107,7 @@ def run(args) -> int:
         bp.save(posterior, out / "dlrm_posterior.nc")
     commands.append(
         f"bayesprism fit {out / 'dlrm_table.parquet'} -o {out / 'dlrm_posterior.nc'} "
-        f"--draws {args.draws} --tune {args.tune} --chains {args.chains} --seed {args.seed}"
+        f"--draws {args.draws} --tune {args.tune} --chains {args.chains} --seed {args.random_seed}"
     )
 
     with stage("diagnose"):
@@ -123,7 +124,7 @@ def run(args) -> int:
             plans,
             steps=10_000,
             draws=args.forecast_draws,
-            random_seed=args.seed,
+            random_seed=args.random_seed,
             progress=progress,
         )
         summary = summarize_forecast(fc)
@@ -131,12 +132,12 @@ def run(args) -> int:
         bp.save(fc, out / "dlrm_forecast.nc")
     commands.append(
         f"bayesprism forecast {out / 'dlrm_posterior.nc'} --dp 16384 --gpus-per-node 8 "
-        f"--steps 10000 --draws {args.forecast_draws} --seed {args.seed}"
+        f"--steps 10000 --draws {args.forecast_draws} --seed {args.random_seed}"
     )
 
     with stage("sensitivity at 512 GPUs"):
         sens = bp.sensitivity(
-            posterior, plans[2], draws=min(args.forecast_draws, 200), random_seed=args.seed
+            posterior, plans[2], draws=min(args.forecast_draws, 200), random_seed=args.random_seed
         )
         _write_json(out / "dlrm_sensitivity.json", sens)
     commands.append(f"bayesprism sensitivity {out / 'dlrm_posterior.nc'} --plan PLAN.toml --json")
@@ -144,8 +145,8 @@ def run(args) -> int:
     if "node_effect" in posterior["posterior"]:
         with stage("placement and draining advice"):
             placement = bp.place(
-                posterior, plans[0], draws=min(args.forecast_draws, 200), random_seed=args.seed
-            )
+                posterior, plans[0], draws=min(args.forecast_draws, 200),
+                random_seed=args.random_seed)
             _write_json(out / "dlrm_placement.json", placement)
     elif not args.quiet:
         print(
@@ -182,7 +183,7 @@ def run(args) -> int:
                 step_post,
                 step_plans,
                 draws=args.forecast_draws,
-                random_seed=args.seed,
+                random_seed=args.random_seed,
                 progress=progress,
             )
             _write_json(out / "mlperf_forecast.json", summarize_forecast(step_fc))

@@ -45,7 +45,8 @@ def register(sub) -> None:
     parser.add_argument("--draws", type=int, default=1000, help="draws per chain (default 1000)")
     parser.add_argument("--tune", type=int, default=1000, help="warm-up per chain (default 1000)")
     parser.add_argument("--chains", type=int, default=2, help="chains (default 2)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--random-seed", "--seed", dest="random_seed", type=int,
+                        default=0, help="random seed (default 0)")
     parser.add_argument("--target-accept", type=float, default=None, metavar="P",
                         help="NUTS target acceptance rate in (0, 1); raise it (e.g. 0.95) "
                         "when the fit reports divergences (default: the model's, 0.8 or 0.9)")
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tree = fit(tables, args.model, draws=args.draws, tune=args.tune, chains=args.chains,
-                   sampler=args.sampler, random_seed=args.seed, progress=progress,
+                   sampler=args.sampler, random_seed=args.random_seed, progress=progress,
                    target_accept=args.target_accept)
     notes = [str(w.message) for w in caught
              if issubclass(w.category, ConvergenceWarning)

@@ -68,7 +68,8 @@ def register(sub) -> None:
                         "10%%,50%% (default 1.05,1.10,1.20)")
     parser.add_argument("--draws", type=int, default=1000, help="posterior draws (default 1000)")
     parser.add_argument("--replicates", type=int, default=8, help="steps per draw (default 8)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--random-seed", "--seed", dest="random_seed", type=int,
+                        default=0, help="random seed (default 0)")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT.json",
                         help="write the summary as JSON ('-' for stdout)")
     parser.add_argument("-o", "--output", type=Path, default=None, metavar="forecast.nc",
@@ -336,7 +337,7 @@ def run(args) -> int:
         steps=steps,
         draws=args.draws,
         replicates=args.replicates,
-        random_seed=args.seed,
+        random_seed=args.random_seed,
         baseline_s=baseline_s,
         deadlines_s=deadlines or None,
         thresholds=thresholds,

@@ -39,7 +39,7 @@ def run(args) -> int:
         cluster=cluster,
         draws=args.draws,
         replicates=args.replicates,
-        random_seed=args.seed,
+        random_seed=args.random_seed,
     )
     if args.json:
         print_json(result)

@@ -43,7 +43,8 @@ def add_plan_arguments(parser) -> None:
     )
     parser.add_argument("--draws", type=int, default=200, help="posterior draws used")
     parser.add_argument("--replicates", type=int, default=64, help="simulated steps per draw")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every composition")
+    parser.add_argument("--random-seed", "--seed", dest="random_seed", type=int,
+                        default=0, help="seed of every composition")
 
 
 def load_inputs(args):
@@ -84,7 +85,7 @@ def run(args) -> int:
         plan,
         draws=args.draws,
         replicates=args.replicates,
-        random_seed=args.seed,
+        random_seed=args.random_seed,
         cluster=cluster,
         progress=not args.quiet,
     )

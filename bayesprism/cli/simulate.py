@@ -23,7 +23,8 @@ def register(sub) -> None:
         default=0,
         help="nodes in the slow component of the node population (default 0)",
     )
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--random-seed", "--seed", dest="random_seed", type=int,
+                   default=0, help="random seed (default 0)")
     p.add_argument(
         "--kernels-per-step",
         type=int,
@@ -45,7 +46,7 @@ def run(args) -> int:
         gpus_per_node=args.gpus_per_node,
         steps=args.steps,
         degraded_nodes=args.degraded_nodes,
-        seed=args.seed,
+        seed=args.random_seed,
         kernels_per_step=args.kernels_per_step,
         progress=not args.quiet,
     )

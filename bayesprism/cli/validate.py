@@ -42,7 +42,8 @@ def register(sub) -> None:
                         help="methods to score (default: all three)")
     add_layout_option(parser, "every run of --fit and --heldout")
     add_columns_option(parser)
-    parser.add_argument("--seed", type=int, default=0, help="seed of split, fit and draws")
+    parser.add_argument("--random-seed", "--seed", dest="random_seed", type=int,
+                        default=0, help="seed of split, fit and draws")
     parser.add_argument("--draws", type=int, default=500,
                         help="posterior draws per chain, and predictive draws per observation")
     parser.add_argument("--json", action="store_true",
@@ -72,7 +73,7 @@ def run(args) -> int:
     heldout = read_inputs(args.heldout, layout=layout, column_map=columns,
                           progress=progress) if args.heldout else None
     table = validate(fit_tables, heldout, model=args.model, split=args.split,
-                     fraction=args.fraction, seed=args.seed, draws=args.draws,
+                     fraction=args.fraction, seed=args.random_seed, draws=args.draws,
                      methods=tuple(args.methods), progress=progress)
     if args.pit is not None:
         plot_pit_histogram(table.attrs["pit"], args.pit, title="PIT of held-out observations")

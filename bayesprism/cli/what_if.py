@@ -98,7 +98,7 @@ def run(args) -> int:
     changes = build_changes(args)
     posterior, plan, cluster = load_inputs(args)
     result = what_if(posterior, plan, changes, draws=args.draws, replicates=args.replicates,
-                     random_seed=args.seed, cluster=cluster)
+                     random_seed=args.random_seed, cluster=cluster)
     if args.json:
         print_json(result)
         return 0
