@@ -13,7 +13,7 @@ venv:
 	@./scripts/bootstrap.sh
 
 demo: venv
-	$(VENV)/bin/bayesprism demo --out out/demo
+	$(VENV)/bin/bayesprism demo -o out/demo
 
 test: venv
 	$(PY) -m pytest -q

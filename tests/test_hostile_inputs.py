@@ -358,4 +358,4 @@ def test_diagnose_out_given_a_file(tmp_path, capsys, artifacts):
     plots = tmp_path / "plots"
     plots.write_text("not a folder")
     refused(capsys, "diagnose", artifacts["post"], "--out", plots,
-            names=(str(plots), "--out", "is a file"))
+            names=(str(plots), "-o", "is a file"))

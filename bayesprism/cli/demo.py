@@ -29,7 +29,8 @@ def register(sub) -> None:
         default=REPO_DATA,
         help="sample data folder (default: the repo's data/)",
     )
-    p.add_argument("--out", type=Path, default=Path("out/demo"), help="output folder")
+    p.add_argument("-o", "--output", "--out", dest="output", type=Path,
+                   default=Path("out/demo"), help="output folder")
     p.add_argument("--draws", type=int, default=1000, help="posterior draws per chain")
     p.add_argument("--tune", type=int, default=1000, help="tuning draws per chain")
     # 4 chains: the max split R-hat over hundreds of parameters from 2 chains crosses 1.01 by
@@ -85,7 +86,7 @@ def run(args) -> int:
     from bayesprism.forecast import summarize_forecast
     from bayesprism.plan import ParallelPlan
 
-    out: Path = args.out
+    out: Path = args.output
     out.mkdir(parents=True, exist_ok=True)
     stage = _Stage(args.quiet)
     progress = not args.quiet

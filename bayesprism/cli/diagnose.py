@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument("posterior", metavar="POSTERIOR", help="posterior file written by fit")
     parser.add_argument(
-        "--out",
+        "-o", "--output", "--out",
+        dest="output",
         metavar="DIR",
         default=None,
         help="write the diagnostic plots (PNG) into this directory",
@@ -124,17 +125,17 @@ def run(args: argparse.Namespace) -> int:
     from bayesprism.diagnostics import diagnose
     from bayesprism.errors import InputError, Problem
 
-    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
-        raise InputError(Problem(str(args.out), "--out", "is a file; give a directory for "
+    if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
+        raise InputError(Problem(str(args.output), "-o", "is a file; give a directory for "
                                  "the plots"))
     posterior = load_artifact(args.posterior, expect="posterior")
     report = diagnose(posterior)
-    written = write_plots(posterior, report, args.out) if args.out else []
+    written = write_plots(posterior, report, args.output) if args.output else []
     if args.json:
         print_json({**report.to_dict(), "plots": [str(p) for p in written]})
     else:
         text = format_report(report)
         if written:
-            text += f"\nwrote {len(written)} plots to {args.out}"
+            text += f"\nwrote {len(written)} plots to {args.output}"
         sys.stdout.write(text + "\n")
     return EXIT_UNTRUSTED if args.strict and not report.ok else 0

@@ -31,7 +31,8 @@ def register(sub) -> None:
         default=200,
         help="GPU kernels per rank and step, collectives included (default 200)",
     )
-    p.add_argument("-o", "--out", type=Path, required=True, help="output folder")
+    p.add_argument("-o", "--output", "--out", dest="output", type=Path, required=True,
+                   help="output folder")
     p.add_argument("--json", action="store_true", help="print the truth as JSON")
     add_common(p)
     p.set_defaults(func=run)
@@ -41,7 +42,7 @@ def run(args) -> int:
     from bayesprism.simulate import simulate
 
     truth = simulate(
-        args.out,
+        args.output,
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
         steps=args.steps,
@@ -55,7 +56,7 @@ def run(args) -> int:
     elif not args.quiet:
         degraded = ", ".join(truth["degraded_nodes"]) or "none"
         print(
-            f"wrote {len(truth['files'])} trace files and truth.json to {args.out} "
+            f"wrote {len(truth['files'])} trace files and truth.json to {args.output} "
             f"(world size {truth['world_size']}, {len(truth['steps'])} steps, "
             f"degraded nodes: {degraded})"
         )
