@@ -52,6 +52,10 @@ COLLECTIVE_SPREAD: tuple[str, ...] = ("coll_noise", "coll_congestion")
 #: (host work, launch gaps), learned from the inventory's ``traced_idle_us``
 #: (``bayesprism.workload.fit_idle_law``); often the largest part of a host-bound step.
 HOST_IDLE = ("host", "idle")
+#: The degraded-link source (factor, level) and its variable: the chance per node that an
+#: allocation's inter-node link is degraded (halved: half the rate; removed: never).
+DEGRADED_LINK = ("fabric", "degraded_link")
+DEGRADED_LINK_RATE = "coll_degraded_rate"
 #: Multiplier that "removes" a loading: exactly 0 (the composition draws every source of
 #: randomness from its own stream whatever the parameter values, so common random numbers hold).
 REMOVED = 0.0
@@ -299,6 +303,8 @@ def sources_of(group: xr.Dataset) -> list[Source]:
         collectives = [str(c) for c in group[spread[0]]["collective"].to_numpy()]
         out.append(Source("all", "collective", spread, "collective", None))
         out.extend(Source(c, "collective", spread, "collective", (c,)) for c in collectives)
+    if DEGRADED_LINK_RATE in group:  # fitted; a prior-only rate has no variable to edit
+        out.append(Source(*DEGRADED_LINK, (DEGRADED_LINK_RATE,), "", None))
     return out
 
 
@@ -376,7 +382,9 @@ def sensitivity(
     For every kernel class × level (``node``, ``gpu``, ``step``, ``gpustep``, ``residual``,
     ``cabinet`` when fitted), for every collective at level ``collective`` (its transfer noise
     and shared congestion together), for the ranks' host idle (factor ``host``, level ``idle``:
-    the spread of the traced idle before each synchronisation, :func:`with_idle_scaled`) and
+    the spread of the traced idle before each synchronisation, :func:`with_idle_scaled`), for
+    degraded inter-node links when fitted (factor ``fabric``, level ``degraded_link``: their
+    rate per node) and
     for ``factor="all"`` classes/collectives of each level,
     the plan is recomposed with that loading set to zero (:data:`REMOVED`) and to half its
     value, with the same

@@ -233,3 +233,27 @@ def test_host_idle_is_a_source_and_leads_on_a_host_bound_step():
     # without traced idle there is no such source
     plain = sensitivity(analysis_posterior(draws=4), analysis_plan(dp=4), draws=4, replicates=2)
     assert not [e for e in plain["contributions"] if e["level"] == "idle"]
+
+
+def test_degraded_links_are_a_source_with_their_cost():
+    # every 2-node cluster has a degraded link (rate 1) that makes the inter-node gradient
+    # all-reduce 3x slower in bandwidth: removing the source takes exactly that time off
+    from posterior_builders import kernel_posterior
+
+    from bayesprism import collectives
+    from bayesprism.plan import ParallelPlan
+
+    kernels = {"g": {"class": "gemm", "launches": 1.0, "log_median": np.log(1000.0)},
+               "ar [dp]": {"class": "allreduce", "role": "dp", "launches": 1.0,
+                           "log_median": np.log(10.0), "bytes": 1e9, "group": 2.0}}
+    post = kernel_posterior(kernels, traced_plan={"dp": 2}, gpus_per_node=1, draws=4,
+                            degraded_link=(1.0, np.log(3.0)))
+    group = post["posterior"].to_dataset()
+    post["posterior"] = group.assign(coll_fabric_exponent=(
+        ("chain", "draw"), np.zeros((group.sizes["chain"], group.sizes["draw"]))))
+    result = sensitivity(post, ParallelPlan(dp=2, gpus_per_node=1), draws=4, replicates=2)
+    link = _entry(result, "fabric", "degraded_link")
+    extra = (collectives.transfer_time_us("allreduce", 2, 1e9, 10.0, 25.0 / 3.0)
+             - collectives.transfer_time_us("allreduce", 2, 1e9, 10.0, 25.0)) / 1e6
+    assert link["composed"] and link["p95_delta_s"] == pytest.approx(extra)
+    assert result["contributions"][0] is link
