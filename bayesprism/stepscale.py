@@ -11,6 +11,9 @@ micro-batches, pp stages, v virtual stages, dp data-parallel ranks and R = world
   ``exp(mb_log_median) * (comm_latency * 2 (p − 1) + comm_tier * 2 (p − 1) / p * B)`` with the
   intra- or inter-node tier (``tp * cp * dp`` against ``plan.gpus_per_node``, default 8) and
   ``B = (tp * pp)_ref / (tp * pp)`` the relative gradient bytes per rank;
+* with a stated fabric (``plan.nodes_per_leaf``, or the fitted runs' ``nodes_per_leaf``), a
+  gradient group spanning more nodes than one leaf switch holds adds ``comm_leaf`` times the
+  inter-node bandwidth factor (fitted, or drawn from its prior when no fitted run stated it);
 * the step time ``exp(location + run_effect + noise)`` where ``location`` is the log of the
   structural median ``(compute + bubble) * exp(rank_sigma * E[max of R normals]) + comm``
   (plus a new configuration effect when the model has them, or the fitted one when the plan is
@@ -18,10 +21,16 @@ micro-batches, pp stages, v virtual stages, dp data-parallel ranks and R = world
   new run: shared by its replicated steps) and ``noise`` is drawn from the fitted two-component
   mixture: Normal(0, s) with probability 1 − ``slow_weight``, else
   Normal(``slow_shift``, sqrt(s² + ``slow_spread``²)), s the scale the model gives at R ranks and
-  ``m + bubble`` slots (finite mean, unlike exp of a Student-t);
+  ``m + bubble`` slots (finite mean, unlike exp of a Student-t); the spike weight is the fitted
+  rate at the plan's node count, ``0.5 * sigmoid(spike_logit + spike_slope * log(nodes /
+  reference_nodes))`` (:func:`spike_weight`);
 * ``wait_s = step_time_s − compute_s − bubble_s − exposed_comm_s``: waiting for the slowest rank,
   the run's offset and step-to-step noise. It is negative for steps faster than the
   variability-free time (a fast run or a lucky step).
+
+When every fitted run had one micro-batch count and the plan has another, a
+:class:`SeparabilityWarning` says that the split of per-micro-batch and per-step cost comes from
+the priors (the fit's notes say the same).
 
 ``ideal_step_time_s`` is the posterior median of ``compute_s + bubble_s + exposed_comm_s``.
 The micro-batch size comes from ``plan.micro_batch_size`` when the plan has one, else the most
@@ -31,10 +40,13 @@ common one among the fitted runs.
 from __future__ import annotations
 
 import json
+import math
+import warnings
 from collections import Counter
 
 import numpy as np
 import xarray as xr
+from scipy import special
 
 from bayesprism.draws import StepDraws
 from bayesprism.errors import InputError, Problem
@@ -45,6 +57,51 @@ PARAMETERS: tuple[str, ...] = (
 )
 #: the slow-step component of the noise mixture (absent when the fit used ``noise = "normal"``)
 MIXTURE: tuple[str, ...] = ("slow_weight", "slow_shift", "slow_spread")
+#: the spike rate's log-odds (of twice the rate) at the reference nodes and its growth per
+#: e-fold of nodes (fits before the rate grew with scale have one scalar ``slow_weight``)
+SPIKES: tuple[str, ...] = ("spike_logit", "spike_slope")
+
+
+class SeparabilityWarning(UserWarning):
+    """A forecast at a micro-batch count the fitted runs did not have, when every fitted run had
+    the same one: the split of per-micro-batch and per-step cost comes from the priors."""
+
+
+def spike_weight(ds: xr.Dataset, attrs: dict, nodes: float) -> np.ndarray:
+    """Per-draw weight of the slow-step component at ``nodes`` nodes.
+
+    ``0.5 * sigmoid(spike_logit + spike_slope * log(nodes / reference_nodes))``; a posterior
+    with one scalar ``slow_weight`` (fits before spikes grew with scale) gives that.
+
+    Parameters
+    ----------
+    ds
+        The posterior dataset.
+    attrs
+        Its attrs (``reference_nodes``).
+    nodes
+        Node count of the target plan.
+
+    Returns
+    -------
+    numpy.ndarray
+        One weight per posterior draw (chain x draw flattened).
+
+    Examples
+    --------
+    >>> ds = xr.Dataset({"spike_logit": (("chain", "draw"), [[0.0]]),
+    ...                  "spike_slope": (("chain", "draw"), [[1.0]])})
+    >>> float(spike_weight(ds, {"reference_nodes": 4.0}, 4.0)[0])
+    0.25
+    """
+    from scipy.special import expit
+
+    if all(name in ds for name in SPIKES):
+        reference = float(attrs.get("reference_nodes", nodes))
+        eta = _flat(ds, "spike_logit") + _flat(ds, "spike_slope") * np.log(nodes / reference)
+        return 0.5 * expit(eta)
+    weight = _flat(ds, "slow_weight")
+    return weight if weight.ndim == 1 else weight.mean(axis=1)
 
 
 def _positive(plan, name: str, default: int | None = 1) -> int:
@@ -104,6 +161,57 @@ def _flat(ds: xr.Dataset, name: str) -> np.ndarray:
         (-1, *var.shape[2:])).astype(float)
 
 
+def _stratified(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+    """Uniforms in (0, 1), one stratum of width 1 / n per replicate of each row, shuffled.
+
+    Element (i, j) is ``(perm_i[j] + U_ij) / n``: marginally uniform, and each row covers every
+    stratum once.
+
+    Examples
+    --------
+    >>> u = _stratified(np.random.default_rng(0), (2, 4))
+    >>> sorted(np.floor(u[0] * 4).astype(int).tolist())
+    [0, 1, 2, 3]
+    """
+    n = shape[1]
+    strata = rng.permuted(np.broadcast_to(np.arange(n), shape), axis=1)
+    return (strata + rng.uniform(1e-12, 1.0, size=shape)) / n
+
+
+def _leaf_cost(ds: xr.Dataset, attrs: dict, plan, layout: dict, terms: dict,
+               rng: np.random.Generator) -> np.ndarray | float:
+    """Extra all-reduce cost (reference slots) of a gradient group that crosses leaf switches.
+
+    ``nodes_per_leaf`` comes from the plan (``plan.nodes_per_leaf``), else from the fitted runs'
+    stated fact (``attrs["nodes_per_leaf"]``, one value); without it there is no leaf tier (0).
+    The cost ``comm_leaf`` is the fitted one, or drawn from its prior
+    (:data:`bayesprism.model.step.LEAF_PRIOR`) when the fit had no such fact: a user who knows
+    the fabric can state it at forecast time.
+    """
+    from bayesprism.model.step import LEAF_PRIOR
+
+    per_leaf = getattr(plan, "nodes_per_leaf", None)
+    if per_leaf is None:
+        fitted = json.loads(attrs.get("nodes_per_leaf", "null") or "null") or []
+        per_leaf = fitted[0] if len(fitted) == 1 else None
+    if per_leaf is None:
+        return 0.0
+    valid = isinstance(per_leaf, (int, float, np.integer)) and not isinstance(per_leaf, bool) \
+        and math.isfinite(per_leaf) and per_leaf >= 1 and int(per_leaf) == per_leaf
+    if not valid:
+        raise InputError(Problem("plan", "nodes_per_leaf", "must be a positive integer",
+                                 example=per_leaf))
+    group_nodes = math.ceil(layout["tp"] * layout["cp"] * layout["dp"] / layout["gpus_per_node"])
+    if group_nodes <= per_leaf:
+        return 0.0
+    n_draws = _flat(ds, "mb_log_median").shape[0]
+    if "comm_leaf" in ds:
+        cost = _flat(ds, "comm_leaf")
+    else:
+        cost = np.exp(LEAF_PRIOR[0] + LEAF_PRIOR[1] * rng.standard_normal(n_draws))
+    return cost * float(terms["inter_bandwidth"])
+
+
 def _config_label(layout: dict) -> str:
     from bayesprism.model.step import config_label
 
@@ -141,6 +249,12 @@ def compose_steps(posterior, plan, *, replicates: int = 8,
     rng = np.random.default_rng(0) if rng is None else rng
     ds, attrs = _posterior_parts(posterior)
     layout = target_layout(plan, attrs)
+    fitted_mb = json.loads(attrs.get("fitted_microbatches", "[]") or "[]")
+    if len(fitted_mb) == 1 and layout["microbatches"] != fitted_mb[0]:
+        from bayesprism.model.step import separability_note
+
+        warnings.warn(f"forecast at {layout['microbatches']} micro-batch(es): "
+                      + separability_note(fitted_mb[0]), SeparabilityWarning, stacklevel=2)
     p = {name: _flat(ds, name) for name in PARAMETERS}
     n_draws = p["mb_log_median"].shape[0]
     if "reference_work" not in attrs:
@@ -162,6 +276,7 @@ def compose_steps(posterior, plan, *, replicates: int = 8,
     comm = np.exp(p["mb_log_median"]) * (p["comm_latency"] * terms["latency_steps"]
                                          + p["comm_intra"] * terms["intra_bandwidth"]
                                          + p["comm_inter"] * terms["inter_bandwidth"])
+    comm = comm + _leaf_cost(ds, attrs, plan, layout, terms, rng) * np.exp(p["mb_log_median"])
     location = np.log((compute + bubble) * np.exp(p["rank_sigma"] * emax) + comm)
     if "config_sd" in ds:
         label = _config_label(layout)
@@ -174,10 +289,17 @@ def compose_steps(posterior, plan, *, replicates: int = 8,
     noise_sd = np.sqrt((p["rank_sigma"] ** 2 * smax**2 + p["slot_noise"] ** 2) / slots
                        + p["step_noise"] ** 2)
     shape = (n_draws, replicates)
-    log_step = (location + run_effect)[:, None] + noise_sd[:, None] * rng.standard_normal(shape)
+    # step-to-step noise from stratified uniforms (each draw's replicates cover the quantiles
+    # evenly, every value is still marginally exact): a draw's mean over its replicates then
+    # carries almost no Monte Carlo noise, so ``ci90`` (spread of those means) shows the
+    # uncertainty of the level (new layout, new run, parameters) on its own
+    log_step = (location + run_effect)[:, None] + noise_sd[:, None] * special.ndtri(
+        _stratified(rng, shape))
     if all(name in ds for name in MIXTURE):
-        weight, shift, spread = (_flat(ds, name)[:, None] for name in MIXTURE)
-        slow = rng.random(shape) < weight
+        nodes = max(math.ceil(layout["world_size"] / layout["gpus_per_node"]), 1)
+        weight = spike_weight(ds, attrs, float(nodes))[:, None]
+        shift, spread = (_flat(ds, name)[:, None] for name in MIXTURE[1:])
+        slow = _stratified(rng, shape) < weight
         # the slow component: shifted by slow_shift, spread sqrt(noise_sd^2 + slow_spread^2)
         extra = shift + spread * rng.standard_normal(shape)
         log_step = log_step + np.where(slow, extra, 0.0)

@@ -183,6 +183,10 @@ def scale_case(path: Path, name: str, fit_sizes, held_sizes, args, rows: list,
     table = bp.read_traces([path], progress=False, layout=layout)
     fit_table = runs_at(table, fit_sizes)
     post, seconds = fit(fit_table, "step", args)
+    # what the fit could not learn (e.g. one micro-batch count: the per-step cost is the
+    # priors'), so that a miss comes with its reason
+    for note in json.loads(post.attrs.get("fit_summary", "{}")).get("notes", []):
+        print(f"{name}: {note}", file=sys.stderr)
     held = runs_at(table, held_sizes)
     result = validate(fit_table, held, posterior=post, seed=args.seed, draws=args.pred_draws)
     scored(f"{name} all", result, seconds, rows, args.figures)

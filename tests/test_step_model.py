@@ -183,26 +183,31 @@ def test_forecast_mean_is_finite_and_stable(synthetic_step_fit):
     assert np.hypot(*errors) < 0.01 * np.mean(means)
 
 
-def _mlperf_table(shared_data, pattern: str):
+def _mlperf_table(shared_data, pattern: str, layout: dict | None = None):
     from bayesprism import read_traces
 
     files = sorted(shared_data.glob(pattern))
     if not files:
         pytest.skip(f"no files match {pattern}")
-    return read_traces(files, progress=False)
+    return read_traces(files, progress=False, layout=layout)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("pattern", "iterations"), [
-    ("mlperf/training_results_v3.1/NVIDIA/results/*/gpt3/result_*.txt.gz", 1000),
+@pytest.mark.parametrize(("pattern", "iterations", "layout"), [
+    # NVIDIA's 12 virtual stages stated (the logs lack them). With v = 1 the full ladder has two
+    # structural modes, a bubble efficiency of ~0.4 absorbing the per-step cost (config_sd
+    # ~0.005) or layouts ~5 % off the formula (config_sd ~0.05); chains split between them
+    # (R-hat 1.16 with the learned layout prior, 1.02 with the builtin one)
+    ("mlperf/training_results_v3.1/NVIDIA/results/*/gpt3/result_*.txt.gz", 1000,
+     {"virtual_stages": 12}),
     ("mlperf/training_results_v5.1/University-of-Florida/results/*/llama31_8b/result_*.txt.gz",
-     1000),
+     1000, None),
 ])
-def test_real_mlperf_ladders_converge(shared_data, pattern, iterations):
+def test_real_mlperf_ladders_converge(shared_data, pattern, iterations, layout):
     from bayesprism import fit
     from bayesprism.inference import convergence_summary
 
-    table = _mlperf_table(shared_data, pattern)
+    table = _mlperf_table(shared_data, pattern, layout)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="every row is a step-level row")
         # four chains: split R-hat from two, maximised over ~100 parameters, crosses 1.01 by
@@ -358,3 +363,23 @@ def test_overhead_coordinates_follow_the_reference_tier_or_step_aside():
     model, terms = _overhead_model(0.0, 0.0, 1.9)
     assert [v.name for v in model.free_RVs] == names  # the order of the model before
     assert [t.name for t in terms] == names
+
+
+def test_ci90_of_a_forecast_shows_level_uncertainty_on_its_own(synthetic_step_fit):
+    """Replicates are stratified: a draw's mean over its replicates is close to its expected
+    step, so the spread of those means (``ci90``) is the level's, not Monte Carlo noise."""
+    from bayesprism.stepscale import compose_steps
+
+    _, tree = synthetic_step_fit
+    plan = _Plan(dp=8, pp=2, microbatches=8)  # a measured layout: its level is well known
+
+    def width(replicates: int) -> float:
+        step = compose_steps(tree, plan, replicates=replicates,
+                             rng=np.random.default_rng(1)).step_time_s
+        lo, hi = np.quantile(step.mean(axis=1), [0.05, 0.95])
+        return float(hi - lo)
+
+    # iid replicates: the noise of a mean of 64 steps made the interval 1.6x too wide (0.0112
+    # against 0.0074); stratified 1.12x. With 8 replicates rare spikes (5 %, +20 %) still
+    # add their Bernoulli noise (1.8x stratified, 2.4x iid).
+    assert width(64) == pytest.approx(width(2000), rel=0.2)

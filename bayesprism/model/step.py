@@ -17,8 +17,9 @@ all-reduce group of p = dp * cp ranks and R = world-size ranks:
     log median_r = log(slots_r * c_r * strag_r + comm_r)
     config_k ~ Normal(log median_k, config_sd)   (per layout k; both integrated out)
     run_log_median_r ~ Normal(config_k(r), run_sd)
-    log y_rs ~ (1 - slow_weight) Normal(run_log_median_r, noise_r)
-               + slow_weight Normal(run_log_median_r + slow_shift, sqrt(noise_r^2 + slow_spread^2))
+    log y_rs ~ (1 - w_r) Normal(run_log_median_r, noise_r)
+               + w_r Normal(run_log_median_r + slow_shift, sqrt(noise_r^2 + slow_spread^2))
+    w_r      = slow_weight_r = 0.5 * sigmoid(spike_logit + spike_slope * log(nodes_r / nodes_ref))
     noise_r  = sqrt((rank_sigma^2 * SD[max of R]^2 + slot_noise^2) / slots_r + step_noise^2)
 
 ``w_r = micro_batch_size / (tp * pp * cp)`` is the work of one micro-batch on one GPU (the
@@ -59,6 +60,12 @@ a curved ridge in the costs' log coordinates (GPT-3 with 12 virtual stages, 4 ch
 18 steps). An exact change of variables (Jacobian determinant -1 in the logs): the priors and
 the posterior are unchanged.
 
+Fabric tier (a stated fact): when the runs' metadata carry ``nodes_per_leaf`` (nodes under one
+leaf switch), a gradient group spread over more nodes than that crosses the spine and pays
+``comm_leaf`` (:data:`LEAF_PRIOR`) times its inter-node bandwidth factor on top of
+``comm_inter``; nothing small predicts that jump, so only a user who knows the fabric can say
+so (and may say it at forecast time only: the cost is then drawn from its prior).
+
 Rank-level variability is a lognormal per-rank slot time with log-sd ``rank_sigma``; every
 micro-batch slot waits for the slowest of the R ranks, which shifts its log time by
 ``rank_sigma`` times the expected maximum of R standard normals and spreads it by
@@ -72,42 +79,53 @@ and is uniform below the bound the measured noise sets) and ``slot_share`` ~ Bet
 unanchored noise scale gave a corner and a banana (ESS ~120-200).
 
 Step-to-step noise is a two-component lognormal mixture, marginalised (no discrete latent): a
-core component and a rare slow one (``slow_weight = slow_fraction / 2``, ``slow_fraction`` ~
-Beta(1, 10), so the core is the majority; ``slow_shift`` ~ Gamma(2, 10) > 0 kept away from 0 so
-the components cannot swap, ``slow_spread`` ~ HalfNormal(0.1)). Unlike exp of a Student-t, its
+tight core and rare spikes. The spike rate of run r grows with its node count: ``slow_weight_r =
+0.5 * sigmoid(spike_logit + spike_slope * log(nodes_r / nodes_ref))`` (below 1/2, so the core is
+the majority), one intercept (``spike_logit`` ~ Normal(-3, 1.5), at the reference layout's
+nodes) and one slope for all fitted runs. ``spike_slope``'s prior comes from the learned prior
+file (``[step] layout_prior``, below); ``slow_shift`` ~ Gamma(2, 10) > 0 is kept away from 0 so
+the components cannot swap, ``slow_spread`` ~ HalfNormal(0.1). Unlike exp of a Student-t, its
 mean is finite, so forecast means and training-time sums are stable. The likelihood is written
 out (:func:`mixture_logp`), ~2x cheaper gradients than ``pymc.NormalMixture``.
 
 Levels: each layout (configuration) k has a level ``config_k`` ~ Normal(structural median,
-``config_sd``), ``config_sd`` ~ Gamma(2, 40) (mean 0.05, boundary-avoiding: a structural
-formula never fits a new layout exactly; with 2-3 measured layouts a prior with mass at 0 made
-forecasts as if it did), and runs scatter around it with ``run_sd`` (HalfNormal(0.02)). A
-forecast at a new layout draws a new ``config_k``: how far the formula is off at a new scale is
-part of the predictive spread. Sampler coordinates (``bayesprism.inference.fit`` starts chains
-at jittered prior support points): run levels are centred but anchored at each run's observed
-median and scaled by its standard error (``run_offset``, a flat variable plus the prior as a
-potential), the layout levels and ``config_sd`` are integrated out
-(:func:`_marginal_config_levels`: exactly for the levels, by quadrature on a log grid for
-``config_sd``, whose funnel with the structural terms made NUTS diverge on the Llama 3.1 8B
-ladder) and drawn afterwards from their conditionals (``config_sd_z``, ``config_z``), and the
-reference structural median is anchored at the reference runs' mean in units of config_sd's
-prior mean (``reference_z``, flat). Option ``[step]
-config_effects = false`` drops the layout level (runs scatter around the structure with
-``run_sd``; ``run_parameterisation`` then picks centred/non-centred runs).
+``config_sd``). With 2-3 measured layouts a ladder cannot learn ``config_sd``; its prior is
+learned across ladders (:mod:`bayesprism.layout_prior`; option ``layout_prior``: ``"learned"``,
+the lognormal shipped in ``bayesprism/data/step_layout_prior.json``, default; ``"builtin"``,
+Gamma(2, 40), mean 0.05, boundary-avoiding; ``"flat"``, flat in log config_sd, for learning; or
+the path of a file written by ``bayesprism learn-prior``), and runs scatter around it with
+``run_sd`` (HalfNormal(0.02)). A forecast at a new layout draws a new ``config_k``: how far the
+formula is off at a new scale is part of the predictive spread. Sampler coordinates
+(``bayesprism.inference.fit`` starts chains at jittered prior support points): run levels are
+centred but anchored at each run's observed median and scaled by its standard error
+(``run_offset``, a flat variable plus the prior as a potential), the layout levels and
+``config_sd`` are integrated out (:func:`_marginal_config_levels`: exactly for the levels, by
+quadrature on a log grid for ``config_sd``, whose funnel with the structural terms made NUTS
+diverge on the Llama 3.1 8B ladder) and drawn afterwards from their conditionals
+(``config_sd_z``, ``config_z``), and the reference structural median is anchored at the
+reference runs' mean in units of config_sd's prior mean (``reference_z``, flat). Option
+``[step] config_effects = false`` drops the layout level (runs scatter around the structure
+with ``run_sd``; ``run_parameterisation`` then picks centred/non-centred runs).
 
 Posterior variables: ``reference_log_median``, ``mb_log_median``, ``work_exponent``,
 ``bubble_efficiency``, ``rank_share``, ``rank_sigma``, ``comm_latency``, ``comm_intra``,
 ``comm_inter``, ``noise_scale``, ``slot_share``, ``slot_noise``, ``step_noise``,
-``slow_fraction``, ``slow_weight``, ``slow_shift``, ``slow_spread``, ``config_sd``,
+``spike_logit``, ``spike_slope``, ``slow_weight`` (run), ``slow_shift``, ``slow_spread``,
+``config_sd``,
 ``config_log_median`` (config), ``run_sd``, ``run_log_median`` (run) and the deterministic
 ``run_effect`` and ``run_median_s`` (run); sampler coordinates ``reference_z`` /
 ``reference_offset``, ``overhead_z`` and ``bubble_share_z`` (when used), ``config_sd_z``,
 ``config_z``, ``run_offset`` / ``run_z``.
 ``posterior.attrs``: ``model_kind="step"``, ``time_unit="s"``, ``reference_work``,
-``reference_tp_pp``, ``reference_config``, ``run_population="normal"``, ``warmup_steps``
-and ``run_layouts`` (JSON). The first timed step of every run is dropped as warm-up
+``reference_tp_pp``, ``reference_config``, ``run_population="normal"``, ``warmup_steps``,
+``reference_nodes``, ``fitted_microbatches`` (JSON list), ``layout_prior`` (JSON: the priors
+used and their source) and ``run_layouts`` (JSON). When every fitted run has the same
+micro-batch count, the fit notes (``fit_summary["notes"]``) say that per-micro-batch and
+per-step cost were not separated, and forecasts at another count warn the same. The first
+timed step of every run is dropped as warm-up
 (``summary["skipped"]``).
 Options (``ModelSpec.step``): ``warmup_steps`` (1), ``noise`` (``"mixture"`` or ``"normal"``),
+``layout_prior`` (``"learned"``),
 ``config_effects`` (true), ``target_accept`` (0.95, NUTS), ``mass_matrix`` (``"diag"``, or
 ``"low_rank"``: nutpie's low-rank modified mass matrix), ``run_parameterisation``
 (``"auto"``: centred with layout levels; without them centred run levels when each run's
@@ -117,6 +135,7 @@ median is pinned much tighter than runs differ, else non-centred; or ``"centred"
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -154,6 +173,21 @@ COMM_PRIORS: dict[str, tuple[float, float]] = {
     "comm_intra": (float(np.log(0.05)), 1.2),
     "comm_inter": (float(np.log(0.5)), 1.2),
 }
+#: LogNormal (mu, sigma) of ``comm_leaf``, the extra ring all-reduce cost (reference slots per
+#: unit of bandwidth factor) once the data-parallel group spans more nodes than one leaf switch
+#: holds (``nodes_per_leaf``, a fact the user states): traffic then crosses the spine, often
+#: oversubscribed; from a few % to a few times the inter-node cost (median half of it).
+LEAF_PRIOR: tuple[float, float] = (float(np.log(0.25)), 1.2)
+#: Normal (mean, sd) of ``spike_logit``, the log-odds of twice the spike rate at the reference
+#: layout's node count: 2 x rate 0.05 at the median, 0.003-0.5 within 2 sd (logs show 0-5 %
+#: of steps as spikes per run).
+SPIKE_LOGIT_PRIOR: tuple[float, float] = (-3.0, 1.5)
+#: Normal (mean, sd) of ``spike_slope`` (growth of the spike log-odds per e-fold of nodes) for
+#: ``layout_prior = "builtin"``; the default takes it from the learned prior file.
+SPIKE_SLOPE_PRIOR: tuple[float, float] = (0.0, 1.0)
+#: ``spike_slope``'s prior when learning the priors (``layout_prior = "flat"``): wide, divided
+#: out afterwards (``bayesprism.layout_prior``).
+FLAT_SLOPE_PRIOR: tuple[float, float] = (0.0, 2.0)
 
 
 def _option(spec, name: str, default):
@@ -173,6 +207,75 @@ def _mass_matrix(spec) -> str:
         raise InputError(Problem("model spec", "step.mass_matrix",
                                  "must be 'diag' or 'low_rank'", example=value))
     return str(value)
+
+
+def resolve_layout_prior(spec) -> dict:
+    """The priors of ``config_sd`` and ``spike_slope`` a spec asks for (``[step] layout_prior``).
+
+    Parameters
+    ----------
+    spec
+        The model spec; option ``layout_prior``: ``"learned"`` (default: the file shipped in
+        the package, :mod:`bayesprism.layout_prior`), ``"builtin"`` (Gamma(2, 40) config_sd
+        and :data:`SPIKE_SLOPE_PRIOR`), ``"flat"`` (flat in log config_sd and a wide slope:
+        for learning the priors) or the path of a file written by
+        :func:`bayesprism.layout_prior.learn_layout_prior`.
+
+    Returns
+    -------
+    dict
+        ``kind`` (``"lognormal"``, ``"gamma"`` or ``"flat"``), ``config_sd`` (its parameters:
+        log mean and log sd, Gamma alpha and beta, or ``None``), ``spike_slope`` (normal mean
+        and sd) and ``source`` (provenance, carried into the posterior's attrs).
+
+    Raises
+    ------
+    InputError
+        Unknown option value or an unreadable prior file.
+
+    Examples
+    --------
+    >>> resolve_layout_prior(None)["kind"]
+    'lognormal'
+    """
+    value = _option(spec, "layout_prior", "learned")
+    if value == "builtin":
+        return {"kind": "gamma", "config_sd": list(CONFIG_SD_PRIOR),
+                "spike_slope": list(SPIKE_SLOPE_PRIOR), "source": "builtin"}
+    if value == "flat":
+        return {"kind": "flat", "config_sd": None, "spike_slope": list(FLAT_SLOPE_PRIOR),
+                "source": "flat (for learning priors)"}
+    if not isinstance(value, str) or not value:
+        raise InputError(Problem("model spec", "step.layout_prior",
+                                 "must be 'learned', 'builtin', 'flat' or a file path",
+                                 example=value))
+    from bayesprism.layout_prior import load_layout_prior
+
+    try:
+        prior = load_layout_prior(None if value == "learned" else value)
+    except FileNotFoundError:
+        raise InputError(Problem("model spec", "step.layout_prior",
+                                 "names no file (or 'learned', 'builtin', 'flat')",
+                                 example=value)) from None
+    names = [str(ladder.get("name")) for ladder in prior.ladders]
+    return {"kind": "lognormal",
+            "config_sd": [prior.config_sd_log_mean, prior.config_sd_log_sd],
+            "spike_slope": [prior.spike_slope_mean, prior.spike_slope_sd],
+            "source": f"{'learned' if value == 'learned' else value} "
+                      f"(ladders: {', '.join(names) or 'none recorded'})"}
+
+
+def _config_sd_log_prior(layout_prior: dict, nodes: np.ndarray) -> np.ndarray:
+    """Log prior density of ``config_sd`` per unit of log config_sd at ``nodes`` (> 0)."""
+    from scipy import stats
+
+    if layout_prior["kind"] == "flat":
+        return np.zeros_like(nodes)
+    if layout_prior["kind"] == "gamma":
+        alpha, beta = layout_prior["config_sd"]
+        return stats.gamma.logpdf(nodes, alpha, scale=1.0 / beta) + np.log(nodes)
+    mean, sd = layout_prior["config_sd"]
+    return stats.norm.logpdf(np.log(nodes), mean, sd)
 
 
 @lru_cache(maxsize=4096)
@@ -347,8 +450,28 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
                                           float(np.median(run_se)), 1e-4)),
         "reference_run": np.asarray(runs.index(reference_runs[0]), dtype=np.int64),
     }
+    # nodes of each run (spikes: a step waits for the slowest node, so their rate grows with
+    # the node count); relative to the reference layout's, where spike_logit is anchored
+    nodes = np.maximum(np.ceil(layout_frame["world_size"].to_numpy(dtype=float)
+                               / layout_frame["gpus_per_node"].to_numpy(dtype=float)), 1.0)
+    reference_nodes = float(nodes[runs.index(reference_runs[0])])
+    data["log_nodes_rel"] = np.log(nodes / reference_nodes)
+    # a stated fabric fact: nodes per leaf switch; a group spread over more nodes crosses the
+    # spine (comm_leaf, on top of the inter-node cost)
+    per_leaf = leaf_sizes(run_meta, runs)
+    if per_leaf is not None:
+        # the gradient group of one stage is a contiguous block of tp * cp * dp ranks
+        group_nodes = np.ceil((layout_frame["tp"] * layout_frame["cp"] * layout_frame["dp"])
+                              .to_numpy(dtype=float)
+                              / layout_frame["gpus_per_node"].to_numpy(dtype=float))
+        data["leaf_bandwidth"] = np.where(group_nodes > per_leaf, data["inter_bandwidth"], 0.0)
+    layout_prior = resolve_layout_prior(spec)
     unknown_mbs = [r for r in runs if not layouts[r]["micro_batch_size_known"]]
     notes = [f"dropped the first {warmup} timed step(s) of each run as warm-up"]
+    counts_mb = sorted({int(v) for v in layout_frame["microbatches"]})
+    if len(counts_mb) == 1:
+        notes.append(separability_note(counts_mb[0]))
+    notes.append(f"layout-deviation and spike-growth priors: {layout_prior['source']}")
     if unknown_mbs:
         notes.append(f"micro-batch size unknown for {len(unknown_mbs)} run(s) "
                      f"(no global batch size): assumed 1, e.g. {unknown_mbs[0]}")
@@ -372,6 +495,11 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
         "mass_matrix": _mass_matrix(spec),
         "run_population": "normal",
         "warmup_steps": warmup,
+        "reference_nodes": reference_nodes,
+        "fitted_microbatches": json.dumps(counts_mb),
+        "layout_prior": json.dumps(layout_prior, sort_keys=True),
+        "nodes_per_leaf": json.dumps(None if per_leaf is None else
+                                     sorted({int(v) for v in per_leaf if np.isfinite(v)})),
         "run_layouts": _layouts_json(layout_frame),
     }
     coords = {"config": config_labels, "run": runs, "obs": list(range(len(rows)))}
@@ -414,6 +542,47 @@ def _run_parameterisation(se: np.ndarray, run_median: pd.Series, runs: list[str]
     between = float(np.sum(deviations.to_numpy()[usable] ** 2) / (usable.sum() - groups))
     ratio = float(np.median(se)) / max(np.sqrt(between), 1e-12)
     return ("centred" if ratio < CENTRED_BELOW else "noncentred"), ratio
+
+
+def leaf_sizes(run_meta: dict, runs: list[str]) -> np.ndarray | None:
+    """Nodes per leaf switch of each run (``nodes_per_leaf`` in its metadata or plan).
+
+    ``None`` when no run states it; runs without it get ``inf`` (never crossing).
+
+    Examples
+    --------
+    >>> leaf_sizes({"a": {"nodes_per_leaf": 16}, "b": {}}, ["a", "b"]).tolist()
+    [16.0, inf]
+    """
+    values = []
+    for run in runs:
+        meta = run_meta.get(run) or {}
+        value = meta.get("nodes_per_leaf", (meta.get("plan") or {}).get("nodes_per_leaf"))
+        try:
+            values.append(np.inf if value is None else float(value))
+        except (TypeError, ValueError):
+            values.append(np.nan)
+    if all(np.isinf(values)):
+        return None
+    bad = [v for v in values if not (np.isinf(v) or (v >= 1 and v == int(v)))]
+    if bad:
+        raise InputError(Problem("table", "attrs.runs.nodes_per_leaf",
+                                 "must be a positive integer", example=bad[0]))
+    return np.asarray(values)
+
+
+def separability_note(microbatches: int) -> str:
+    """The note that per-micro-batch and per-step costs were not separated by the fitted runs.
+
+    Examples
+    --------
+    >>> separability_note(128)[:40]
+    'every fitted run has 128 micro-batch(es)'
+    """
+    return (f"every fitted run has {int(microbatches)} micro-batch(es) per step: the runs "
+            "cannot separate per-micro-batch from per-step cost (pipeline bubble, gradient "
+            "reduction, optimizer); a forecast at another micro-batch count carries the "
+            "priors' split of the two, not a measured one")
 
 
 def schedule_bubble_slots(pp, virtual_stages) -> np.ndarray:
@@ -515,7 +684,7 @@ def _config_sd_grid() -> tuple[np.ndarray, float]:
     return log_nodes, float(log_nodes[1] - log_nodes[0])
 
 
-def _marginal_config_levels(d, run_log_median, structural, run_sd):
+def _marginal_config_levels(d, run_log_median, structural, run_sd, layout_prior=None):
     """Prior of the run levels with the configuration levels and ``config_sd`` integrated out.
 
     Runs r of configuration k: ``run_r ~ N(c_k, run_sd)``, ``c_k ~ N(structural_k,
@@ -533,7 +702,8 @@ def _marginal_config_levels(d, run_log_median, structural, run_sd):
     grid, uniform ``Phi(config_sd_z)``), and the levels from their exact conditional ``c_k |
     runs, config_sd`` (a normal) through a standard normal ``config_z``; neither enters the
     likelihood. ``structural`` holds the structural log median of every run (the reference
-    configuration's is ``reference_log_median``). Returns ``(config_log_median,
+    configuration's is ``reference_log_median``). ``layout_prior`` is the prior of config_sd
+    (:func:`resolve_layout_prior`; default: the builtin Gamma). Returns ``(config_log_median,
     config_sd)``.
     """
     import pymc as pm
@@ -549,7 +719,9 @@ def _marginal_config_levels(d, run_log_median, structural, run_sd):
     within = pt.sum(-(counts - 1.0) * pt.log(run_sd) - squares / (2.0 * run_sd**2))
     log_nodes, spacing = _config_sd_grid()
     nodes = np.exp(log_nodes)
-    prior = pm.logp(pm.Gamma.dist(*CONFIG_SD_PRIOR), nodes) + log_nodes  # per unit log sd
+    if layout_prior is None:  # the builtin Gamma prior
+        layout_prior = {"kind": "gamma", "config_sd": list(CONFIG_SD_PRIOR)}
+    prior = _config_sd_log_prior(layout_prior, nodes)  # per unit log sd
     total = run_sd**2 + counts[None, :] * nodes[:, None] ** 2  # node x config
     between = pt.sum(-0.5 * pt.log(total) - counts * (mean - mu) ** 2 / (2.0 * total), axis=1)
     trapezoid = np.full(CONFIG_SD_NODES, np.log(spacing))
@@ -666,6 +838,8 @@ def build_step(prepared, spec):
     config_effects = bool(_option(spec, "config_effects", True))
     run_parameterisation = prepared.attrs.get("run_parameterisation", "centred")
     ref_config = int(prepared.attrs.get("reference_config", 0))
+    layout_prior = json.loads(prepared.attrs.get("layout_prior") or "null") \
+        or resolve_layout_prior(spec)
     with pm.Model(coords=prepared.coords) as model:
         run_idx = pm.Data("run_idx", d["run_idx"], dims="obs")
         config_idx = pm.Data("config_idx", d["config_idx"], dims="run")
@@ -681,7 +855,14 @@ def build_step(prepared, spec):
         run_sd = pm.HalfNormal("run_sd", 0.02)
         marginal = config_effects and run_parameterisation != "noncentred"
         if config_effects and not marginal:
-            config_sd = pm.Gamma("config_sd", *CONFIG_SD_PRIOR)
+            if layout_prior["kind"] == "gamma":
+                config_sd = pm.Gamma("config_sd", *layout_prior["config_sd"])
+            elif layout_prior["kind"] == "lognormal":
+                config_sd = pm.LogNormal("config_sd", *layout_prior["config_sd"])
+            else:  # flat in log config_sd, as in the integrated version
+                config_sd = pm.Deterministic("config_sd", pt.exp(pm.Uniform(
+                    "config_sd_log", *np.log(CONFIG_SD_RANGE))))
+
         reference_prior = pm.Normal.dist(float(d["prior_center"]), 0.5)
         if marginal:
             run_log_median = _anchored_run_levels(d)
@@ -723,13 +904,16 @@ def build_step(prepared, spec):
         slot_noise = pm.Deterministic("slot_noise", other * pt.sqrt(slot_share * slots[ref]))
         step_noise = pm.Deterministic("step_noise", other * pt.sqrt(1.0 - slot_share))
         comm = comm_latency * lat_steps + comm_intra * intra_bw + comm_inter * inter_bw
+        if "leaf_bandwidth" in d:  # stated fabric: crossing the spine costs extra
+            leaf_bw = pm.Data("leaf_bandwidth", d["leaf_bandwidth"], dims="run")
+            comm = comm + pm.LogNormal("comm_leaf", *LEAF_PRIOR) * leaf_bw
         shape = slots * pt.exp(work_exponent * log_work + rank_sigma * emax) + comm
         mb_log_median = pm.Deterministic("mb_log_median",
                                          reference_log_median - pt.log(shape[ref]))
         structural = mb_log_median + pt.log(shape)
         if marginal:
             location = _marginal_config_levels(d, run_log_median, structural,
-                                               run_sd)[0][config_idx]
+                                               run_sd, layout_prior)[0][config_idx]
         else:
             if config_effects:  # fully non-centred configuration and run levels
                 config_z = pm.Normal("config_z", 0.0, 1.0, dims="config")
@@ -755,13 +939,21 @@ def build_step(prepared, spec):
         if noise_family == "normal":
             pm.Normal("log_step_time", mu, sigma, observed=d["log_step_time"], dims="obs")
         else:
-            # below 1/2, so the core is the majority: otherwise a chain can settle with the
+            # spikes (a step that waits for a straggling node, a checkpoint, a hiccup of the
+            # fabric) get more frequent with the node count: log-odds linear in log nodes,
+            # anchored at the reference layout, one intercept and slope for all fitted runs.
+            # Below 1/2, so the core is the majority: otherwise a chain can settle with the
             # "slow" component holding most steps and the run levels shifted (R-hat 1.85)
-            slow_fraction = pm.Beta("slow_fraction", 1.0, 10.0)
-            slow_weight = pm.Deterministic("slow_weight", 0.5 * slow_fraction)
+            log_nodes = pm.Data("log_nodes_rel", d["log_nodes_rel"], dims="run")
+            spike_logit = pm.Normal("spike_logit", *SPIKE_LOGIT_PRIOR)
+            spike_slope = pm.Normal("spike_slope", *layout_prior["spike_slope"])
+            slow_weight = pm.Deterministic(
+                "slow_weight", 0.5 * pm.math.sigmoid(spike_logit + spike_slope * log_nodes),
+                dims="run")
             # Gamma(2, .) keeps the slow component away from the core (no label switching)
             slow_shift = pm.Gamma("slow_shift", 2.0, 10.0)
             slow_spread = pm.HalfNormal("slow_spread", 0.1)
-            pm.CustomDist("log_step_time", mu, sigma, slow_weight, slow_shift, slow_spread,
+            pm.CustomDist("log_step_time", mu, sigma, slow_weight[run_idx], slow_shift,
+                          slow_spread,
                           logp=mixture_logp, observed=d["log_step_time"], dims="obs")
     return model
