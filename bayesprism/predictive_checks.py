@@ -21,13 +21,13 @@ a note), which widens the predictive intervals rather than hiding the level.
 from __future__ import annotations
 
 import inspect
-import json
 import warnings
 
 import numpy as np
 import xarray as xr
 from scipy import stats
 
+from bayesprism.inventory import recorded_traced_plan
 from bayesprism.workload import RESID_SLOW_VARS, has_resid_slow, stretched_slow_sd
 
 SAMPLE_DIMS = ("chain", "draw")
@@ -292,7 +292,7 @@ def step_time_check(
         return None, [f"step-time check skipped: composition not available ({exc})"]
     inventory = posterior["inventory"]
     try:
-        traced = json.loads(inventory.attrs.get("traced_plan", "{}"))
+        traced = recorded_traced_plan(inventory)
         known = {f for f in inspect.signature(ParallelPlan).parameters if f != "source"}
         # an unknown degree is recorded as null: the plan's default (1) stands in for it
         plan = ParallelPlan.from_dict(

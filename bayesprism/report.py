@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from bayesprism.inventory import recorded_traced_plan
 from bayesprism.report_sections import (
     CSS,
     esc,
@@ -96,8 +97,7 @@ def data_summary(posterior: xr.DataTree) -> dict:
         else []
     )
     out["platform"] = inv.attrs.get("platform") if inv is not None else None
-    plan = inv.attrs.get("traced_plan") if inv is not None else None
-    out["traced_plan"] = json.loads(plan) if isinstance(plan, str) else (plan or {})
+    out["traced_plan"] = recorded_traced_plan(inv)
     return out
 
 

@@ -32,6 +32,7 @@ from bayesprism.baselines import (
 )
 from bayesprism.collectives import launch_work_us
 from bayesprism.errors import InputError, Problem
+from bayesprism.inventory import is_step_table, recorded_traced_plan
 from bayesprism.model.rows import timer_resolution
 from bayesprism.row_predictive import predict_rows
 from bayesprism.splits import SPLITS, concat_tables, split_table
@@ -173,12 +174,9 @@ def rank_step_times(table: pd.DataFrame, others: pd.DataFrame | None = None) -> 
 
 def traced_plan(posterior: xr.DataTree):
     """The traced run's ``ParallelPlan``, from ``inventory.attrs["traced_plan"]``."""
-    import json
-
     from bayesprism.plan import ParallelPlan
 
-    plan = posterior["inventory"].attrs["traced_plan"]
-    plan = json.loads(plan) if isinstance(plan, str) else dict(plan)
+    plan = recorded_traced_plan(posterior["inventory"])
     accepted = ParallelPlan.__dataclass_fields__
     return ParallelPlan(**{k: v for k, v in plan.items() if k in accepted and v is not None})
 
@@ -202,11 +200,6 @@ def predict_rank_step_times(
     step_time = fc["step_time_s"] if "step_time_s" in fc else fc.to_dataset()["step_time_s"]
     pred = step_time.isel(plan=0).to_numpy().reshape(-1)
     return HeldoutPrediction([(pred, rank_step_times(heldout, others))], unit="step_time_s")
-
-
-def is_step_table(table: pd.DataFrame) -> bool:
-    """True when every row times a whole step (``kernel_class == "step"``)."""
-    return bool((table["kernel_class"] == "step").all())
 
 
 def predict_heldout(

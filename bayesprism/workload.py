@@ -86,6 +86,7 @@ import xarray as xr
 
 from bayesprism import collectives
 from bayesprism.errors import InputError, Problem
+from bayesprism.inventory import recorded_traced_plan
 from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
 
 MICROBATCH_CLASSES = ("gemm", "attention", "elementwise", "norm", "memcpy", "other")
@@ -218,8 +219,7 @@ def _resid_slow(group: xr.Dataset) -> dict:
 
 
 def _traced_plan(inventory: xr.Dataset) -> dict:
-    raw = inventory.attrs.get("traced_plan", "{}")
-    plan = json.loads(raw) if isinstance(raw, str) else dict(raw)
+    plan = recorded_traced_plan(inventory)
     out = {k: int(plan.get(k) or 1) for k in ("dp", "tp", "pp", "cp", "ep", "microbatches")}
     out["sharding"] = plan.get("sharding") or "none"
     out["gpus_per_node"] = int(plan.get("gpus_per_node") or 8)

@@ -158,14 +158,11 @@ def build_plans(args: argparse.Namespace, posterior=None) -> tuple[list, object]
 
 
 def _traced_plan_values(posterior) -> dict:
-    import json
-
+    from bayesprism.inventory import recorded_traced_plan
     from bayesprism.plan import ParallelPlan
 
-    raw = posterior["inventory"].attrs.get("traced_plan", "{}") if (
-        "inventory" in posterior.children) else "{}"
-    # bayesprism.io.load has checked that the JSON parses to an object
-    traced = json.loads(raw or "{}") if isinstance(raw, str) else dict(raw)
+    traced = recorded_traced_plan(
+        posterior["inventory"] if "inventory" in posterior.children else None)
     accepted = set(ParallelPlan.__dataclass_fields__) - {"source", "world_size"}
     values = {k: v for k, v in traced.items() if k in accepted and v is not None}
     values.setdefault("name", "traced")
