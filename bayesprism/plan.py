@@ -75,7 +75,7 @@ def _is_number(value: object) -> bool:
 #: Plan fields checked one by one: positive integers (required / ``None`` allowed) and
 #: positive numbers (``None`` allowed), in the order their problems are reported.
 _REQUIRED_INTS = ("dp", "tp", "pp", "cp", "ep", "microbatches", "virtual_stages", "gpus_per_node")
-_OPTIONAL_INTS = ("steps", "layers", "world_size")
+_OPTIONAL_INTS = ("steps", "layers", "world_size", "nodes_per_leaf")
 _OPTIONAL_NUMBERS = ("activation_bytes", "gradient_bytes", "micro_batch_size")
 #: Largest world size a plan may ask about: 100 times the largest training clusters, so a typo
 #: (dp = 10**12) is an error at the boundary rather than a failure deep in the fast path.
@@ -84,7 +84,7 @@ MAX_GPUS = 10_000_000
 FIELD_MAX: dict[str, float] = {
     **dict.fromkeys(("dp", "tp", "pp", "cp", "ep", "world_size"), MAX_GPUS),
     "microbatches": 1_000_000, "virtual_stages": 10_000, "gpus_per_node": 1024,
-    "steps": 10**12, "layers": 1_000_000,
+    "steps": 10**12, "layers": 1_000_000, "nodes_per_leaf": 1_000_000,
     "activation_bytes": 1e15, "gradient_bytes": 1e18, "micro_batch_size": 1e9,
 }
 
@@ -181,6 +181,9 @@ class ParallelPlan:
     micro_batch_size
         Samples per micro-batch; defaults to the traced (or fitted) runs' micro-batch size.
         Step-level forecasts scale per-micro-batch work with it (optional).
+    nodes_per_leaf
+        Nodes under one leaf switch (or scalable unit) of the fabric: step-level forecasts add
+        a cost tier when a gradient group spans more (``bayesprism.stepscale``; optional).
     source
         Where the plan came from (file path), used in error messages.
     """
@@ -203,6 +206,7 @@ class ParallelPlan:
     activation_bytes: float | None = None
     gradient_bytes: float | None = None
     micro_batch_size: float | None = None
+    nodes_per_leaf: int | None = None
     source: str = field(default="plan", compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -213,3 +213,23 @@ def test_a_stated_leaf_switch_size_adds_a_cost_tier_beyond_it():
     assert beyond > 1.5 * median(_Plan(dp=256, pp=1, microbatches=4))
     with pytest.raises(InputError, match="nodes_per_leaf: must be a positive integer"):
         compose_steps(ds, LeafPlan(dp=256, pp=1, microbatches=4, nodes_per_leaf=0))
+
+
+def test_the_leaf_switch_size_can_be_stated_as_a_layout_fact_and_in_a_plan(tmp_path):
+    # `--layout nodes_per_leaf=N` reaches the runs the step model reads it from; a plan file
+    # carries it to the forecast, and a nonsense value is refused at the boundary
+    from test_step_model import LADDER, synthetic_ladder
+
+    from bayesprism.ingest.layout import check_layout, table_with_layout
+    from bayesprism.model.step import leaf_sizes
+    from bayesprism.plan import ParallelPlan, PlanError
+
+    table = synthetic_ladder(2, 5, ladder=LADDER[:2])
+    stated = table_with_layout(table, check_layout({"nodes_per_leaf": 16}))
+    runs = list(stated.attrs["runs"])
+    assert leaf_sizes(stated.attrs["runs"], runs).tolist() == [16] * len(runs)
+    (tmp_path / "plan.toml").write_text("dp = 256\nnodes_per_leaf = 16\n")
+    (plan,) = ParallelPlan.from_toml(tmp_path / "plan.toml")
+    assert plan.nodes_per_leaf == 16
+    with pytest.raises(PlanError, match="nodes_per_leaf: must be a positive integer"):
+        ParallelPlan(dp=2, nodes_per_leaf=0)

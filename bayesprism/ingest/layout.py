@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 #: Layout facts a user may state: parallel sizes and the pipeline schedule go in a run's
 #: ``plan``, ``gpus_per_node`` in the run's metadata. Every key is a ParallelPlan field.
 LAYOUT_INT_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "microbatches",
-                                    "virtual_stages", "micro_batch_size", "gpus_per_node")
+                                    "virtual_stages", "micro_batch_size", "gpus_per_node",
+                                    "nodes_per_leaf")
 LAYOUT_KEYS: tuple[str, ...] = (*LAYOUT_INT_KEYS, "schedule", "sharding", "overlap")
 #: provenance label of layout facts stated by the user
 USER = "user"
