@@ -248,38 +248,45 @@ class IdleLaw:
 _IDLE_SEED = 0x1D1E
 
 
-def fit_idle_law(values: list[np.ndarray], roles: list[str], draws: int) -> IdleLaw:
+def fit_idle_law(values: np.ndarray, roles: list[str], draws: int) -> IdleLaw:
     """Gamma idle law per segment with its parameter uncertainty, ``draws`` draws.
 
-    ``values[j]`` holds the traced idle times (µs) of segment ``j`` over (step, rank). Each
-    draw reweights them with Dirichlet(1, ..., 1) weights (Bayesian bootstrap) and takes the
-    weighted mean and (``n/(n-1)``-corrected) variance: a few traced ranks give a wide law,
-    without assuming a family for the parameters. The gamma (moment-matched per draw) has an
-    exponential upper tail: lighter than a lognormal's, which overstated the slowest of the
-    traced ranks' host idle (the first segment of the DLRM traces is skewed to the left in
-    logs), heavier than a normal's. One value (or equal values): that value, variance 0.
-    Segments with no value are dropped.
+    ``values[:, j]`` holds the traced idle times (µs) of segment ``j`` over the traced
+    (step, rank) units (NaN where a unit has none). Each draw reweights the units with
+    Dirichlet(1, ..., 1) weights (Bayesian bootstrap over rank-steps, one weight vector for all
+    segments, so a rank-step that idles long everywhere moves them together) and takes each
+    segment's weighted mean and (``n/(n-1)``-corrected) variance over its finite values: a few
+    traced ranks give a wide law, without assuming a family for the parameters. The gamma
+    (moment-matched per draw) has an exponential upper tail: lighter than a lognormal's, which
+    overstated the slowest of the traced ranks' host idle (the first segment of the DLRM traces
+    is skewed to the left in logs), heavier than a normal's. One value (or equal values): that
+    value, variance 0. Segments with no value are dropped.
+
+    Examples
+    --------
+    >>> law = fit_idle_law(np.array([[10.0, 5.0], [10.0, 7.0]]), ["tp", "step"], draws=3)
+    >>> law.mean[:, 0].tolist(), law.var[:, 0].tolist(), law.roles
+    ([10.0, 10.0, 10.0], [0.0, 0.0, 0.0], ('tp', 'step'))
     """
-    rng = np.random.default_rng(_IDLE_SEED)
-    means, variances, kept = [], [], []
-    for seg, role in zip(values, roles, strict=True):
-        seg = np.asarray(seg, dtype=float)
-        seg = np.maximum(seg[np.isfinite(seg)], 0.0)
-        n = seg.size
-        if n == 0:
-            continue
-        if n == 1 or np.ptp(seg) == 0.0:
-            means.append(np.full(draws, seg.mean()))
-            variances.append(np.zeros(draws))
-        else:
-            w = rng.dirichlet(np.ones(n), size=draws)  # (D, n)
-            mean = w @ seg
-            means.append(mean)
-            variances.append((w * (seg - mean[:, None]) ** 2).sum(axis=1) * n / (n - 1))
-        kept.append(str(role))
-    if not kept:
+    values = np.asarray(values, dtype=float).reshape(len(values), -1)
+    finite = np.isfinite(values)
+    keep = finite.any(axis=0)
+    if not keep.any():
         return IdleLaw.none(draws)
-    return IdleLaw(np.stack(means, axis=-1), np.stack(variances, axis=-1), tuple(kept))
+    finite, roles = finite[:, keep], [str(r) for r, k in zip(roles, keep, strict=True) if k]
+    seg = np.where(finite, np.maximum(np.nan_to_num(values[:, keep]), 0.0), 0.0)
+    # Dirichlet(1, ..., 1) = normalised standard exponentials
+    w = np.random.default_rng(_IDLE_SEED).standard_exponential((draws, seg.shape[0]))
+    total = w @ finite  # (D, J): each segment's weights sum over its finite units
+    mean = (w @ seg) / total
+    second = (w @ seg**2) / total
+    n = finite.sum(axis=0)
+    spread = (np.ptp(np.where(finite, seg, seg.max(axis=0)), axis=0) > 0) & (n > 1)
+    var = np.where(spread, np.maximum(second - mean**2, 0.0) * n / np.maximum(n - 1, 1), 0.0)
+    # constant segments: exactly their value (no rounding from the weights)
+    constant = seg.sum(axis=0) / n
+    mean = np.where(spread, mean, constant)
+    return IdleLaw(mean, var, tuple(roles))
 
 
 def _traced_idle_law(group: xr.Dataset, inventory: xr.Dataset, modelled: set[str],
@@ -293,11 +300,11 @@ def _traced_idle_law(group: xr.Dataset, inventory: xr.Dataset, modelled: set[str
         idle = idle.reshape(-1, idle.shape[-1])
         roles = (inventory["sync_role"].to_numpy().astype(str) if "sync_role" in inventory
                  else ["unknown"] * (idle.shape[-1] - 1) + ["step"])
-        return fit_idle_law([idle[:, j] for j in range(idle.shape[-1])], list(roles), draws)
+        return fit_idle_law(idle, list(roles), draws)
     gaps = _traced_gaps_us(group, inventory, modelled, traced_gpn)
     if gaps is None:
         return IdleLaw.none(draws)
-    return fit_idle_law([gaps], ["step"], draws)
+    return fit_idle_law(np.asarray(gaps, dtype=float).reshape(-1, 1), ["step"], draws)
 
 
 def _traced_gaps_us(
