@@ -108,7 +108,8 @@ def run(args) -> int:
         bp.save(posterior, out / "dlrm_posterior.nc")
     commands.append(
         f"bayesprism fit {out / 'dlrm_table.parquet'} -o {out / 'dlrm_posterior.nc'} "
-        f"--draws {args.draws} --tune {args.tune} --chains {args.chains} --seed {args.random_seed}"
+        f"--draws {args.draws} --tune {args.tune} --chains {args.chains} "
+        f"--random-seed {args.random_seed}"
     )
 
     with stage("diagnose"):
@@ -133,7 +134,7 @@ def run(args) -> int:
         bp.save(fc, out / "dlrm_forecast.nc")
     commands.append(
         f"bayesprism forecast {out / 'dlrm_posterior.nc'} --dp 16384 --gpus-per-node 8 "
-        f"--steps 10000 --draws {args.forecast_draws} --seed {args.random_seed}"
+        f"--steps 10000 --draws {args.forecast_draws} --random-seed {args.random_seed}"
     )
 
     with stage("sensitivity at 512 GPUs"):
@@ -141,7 +142,12 @@ def run(args) -> int:
             posterior, plans[2], draws=min(args.forecast_draws, 200), random_seed=args.random_seed
         )
         _write_json(out / "dlrm_sensitivity.json", sens)
-    commands.append(f"bayesprism sensitivity {out / 'dlrm_posterior.nc'} --plan PLAN.toml --json")
+        # the plan as a file, so the command below runs as printed
+        plan_file = out / "dlrm_plan_512.toml"
+        plan_file.write_text(f'name = "{plans[2].name}"\ndp = {plans[2].dp}\n'
+                             f"gpus_per_node = {plans[2].gpus_per_node}\n")
+    commands.append(f"bayesprism sensitivity {out / 'dlrm_posterior.nc'} --plan {plan_file} "
+                    "--json")
     placement = None
     if "node_effect" in posterior["posterior"]:
         with stage("placement and draining advice"):
@@ -198,6 +204,10 @@ def run(args) -> int:
             )
 
     if not args.quiet:
+        from bayesprism.cli.forecast import format_table
+
+        # the answer: step and training time, P(slowdown) per plan of the traced DLRM job
+        print("\n" + format_table(summary))
         print(f"\nReport: {report.resolve()}")
         if mlperf_report is not None:
             print(f"MLPerf report: {mlperf_report.resolve()}")
