@@ -245,7 +245,8 @@ def test_ingest_to_parquet_layout_matches_read_traces(tmp_path):
 ])
 @pytest.mark.parametrize(("fact", "message"), [
     ("virtual=12", "error: --layout: virtual: unknown layout key; allowed: dp, tp, pp, cp, ep, "
-     "microbatches, virtual_stages, micro_batch_size, gpus_per_node, schedule, sharding, "
+     "microbatches, virtual_stages, micro_batch_size, gpus_per_node, nodes_per_leaf, "
+     "schedule, sharding, "
      "overlap"),
     ("virtual_stages=0", "error: --layout: virtual_stages: must be a positive integer, e.g. 0"),
 ])

@@ -260,7 +260,8 @@ def test_layout_keys_and_values_are_checked():
         "--layout: pp: expected KEY=VALUE, e.g. virtual_stages=12",
         "--layout: tp: is given twice, e.g. 'tp=1'",
         "--layout: virtual: unknown layout key; allowed: dp, tp, pp, cp, ep, "
-        "microbatches, virtual_stages, micro_batch_size, gpus_per_node, schedule, sharding, "
+        "microbatches, virtual_stages, micro_batch_size, gpus_per_node, nodes_per_leaf, "
+        "schedule, sharding, "
         "overlap",
         "--layout: dp: must be a positive integer, e.g. 'two'",
         "--layout: tp: must be a positive integer, e.g. 0",
