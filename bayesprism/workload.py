@@ -667,7 +667,7 @@ def build_plan_model(
         return np.median(values, axis=0, keepdims=True) if typical else values
 
     kernels, classes, roles = arrays.kernels, arrays.classes, arrays.roles
-    launches, group_sizes, nbytes = arrays.launches, arrays.group_sizes, arrays.nbytes
+    launches = arrays.launches
     modelled = arrays.modelled
     median_kernels = arrays.log_median
     draws = 1 if typical else arrays.draws
@@ -796,7 +796,61 @@ def build_plan_model(
     resid_mu = np.log(inflation) - 0.5 * s2
     resid_sd = np.sqrt(s2)
 
-    # ---- collectives with the cost model
+    comm_specs.extend(_cost_model_specs(arrays, plan, gpn, replayed, by_stage, fallback_names))
+
+    law = arrays.idle
+    idle_var = np.zeros((draws, len(law.roles))) if typical else law.var
+    comms = [_comm_term(arrays, spec, per_draw, typical, cluster) for spec in comm_specs]
+    zeros = np.zeros(draws)
+    for cls, det in fallback:
+        comms.append(CommTerm(cls, "fallback", det, zeros, zeros, zeros))
+    for cls, det, stage in replayed_stage:
+        comms.append(CommTerm(cls, "stage", det, zeros, zeros, zeros, stage))
+    if replayed_p2p:
+        comms.append(CommTerm("sendrecv", "p2p", np.mean(replayed_p2p, axis=0), zeros, zeros,
+                              zeros))
+    if by_stage:
+        fwd_bwd_stage, opt = fwd_bwd_stage, opt_stage.max(axis=1)
+    else:
+        fwd_bwd_stage = np.repeat(fwd_bwd[:, None], pp, axis=1)
+    return PlanModel(
+        plan=plan,
+        gpus_per_node=gpn,
+        fwd_us=fwd_bwd_stage / 3.0,
+        bwd_us=2.0 * fwd_bwd_stage / 3.0,
+        opt_us=opt,
+        loading=loading,
+        resid_mu=resid_mu,
+        resid_sd=resid_sd,
+        comms=comms,
+        idle_mean=per_draw(law.mean),
+        idle_var=idle_var,
+        idle_group=np.array([sync_group(plan, role) for role in law.roles], dtype=np.int64),
+        gpustep_slow=None if typical else arrays.gpustep_slow,
+        degraded_prob=(None if typical or arrays.degraded_link is None else
+                       1.0 - (1.0 - arrays.degraded_link[0]) ** math.ceil(plan.gpus / gpn)),
+    )
+
+
+def _cost_model_specs(arrays: PosteriorArrays, plan: ParallelPlan, gpn: int, replayed: set[str],
+                      by_stage: bool, fallback_names: list[str]) -> list[CommSpec]:
+    """The collectives of ``plan`` that the collective cost model prices, before costing.
+
+    Stage roles (tp, cp, ep) and pipeline transfers the plan does not replay from the traced
+    signatures (``replayed``), the data-parallel gradient buckets (per traced stage when
+    ``by_stage``) and the whole job's collectives (a gradient-norm all-reduce); synthesised
+    from the plan's ``activation_bytes`` / ``gradient_bytes`` where the trace has none, else
+    left out with a :class:`PlanWarning` (``fallback_names``: traced collectives that already
+    stand in for the data-parallel ones).
+    """
+    traced = arrays.traced
+    kernels, classes, roles = arrays.kernels, arrays.classes, arrays.roles
+    launches, group_sizes, nbytes = arrays.launches, arrays.group_sizes, arrays.nbytes
+    modelled, stage_launches = arrays.modelled, arrays.stage_launches
+    tp0, pp0 = traced["tp"], traced["pp"]
+    tp, pp, cp, m = plan.tp, plan.pp, plan.cp, plan.microbatches
+    per_mb_launch_factor = pp0 / (traced["microbatches"] * pp)
+    comm_specs: list[CommSpec] = []
     def placed(span: int, degree: int) -> dict:
         """Tier and nodes spanned of a group of ``degree`` ranks spread evenly over ``span``
         consecutive ranks."""
@@ -847,7 +901,7 @@ def build_plan_model(
                 f"plan gives no activation_bytes/layers to synthesise them: "
                 f"{role.upper()} communication is left out",
                 PlanWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
     if pp > 1 and "pp" not in replayed:
         rows = role_rows["pp"]
@@ -874,7 +928,7 @@ def build_plan_model(
                 f"{plan.name}: the traced run has no pipeline send/recv and the plan "
                 "gives no activation_bytes: pipeline transfers are left out",
                 PlanWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
     dp_group = plan.dp * cp
     if dp_group > 1:
@@ -894,7 +948,7 @@ def build_plan_model(
                     "collectives and the plan gives no gradient_bytes: data-parallel "
                     "communication is left out",
                     PlanWarning,
-                    stacklevel=3,
+                    stacklevel=4,
                 )
         if grad_bytes > 0:
             group = placed(tp * cp * plan.dp, dp_group)
@@ -927,39 +981,7 @@ def build_plan_model(
                                        float(np.nan_to_num(nbytes[k])), launches[k],
                                        algorithm=collectives.algorithm_of(kernels[k]),
                                        **placed(plan.gpus, plan.gpus)))
-
-    law = arrays.idle
-    idle_var = np.zeros((draws, len(law.roles))) if typical else law.var
-    comms = [_comm_term(arrays, spec, per_draw, typical, cluster) for spec in comm_specs]
-    zeros = np.zeros(draws)
-    for cls, det in fallback:
-        comms.append(CommTerm(cls, "fallback", det, zeros, zeros, zeros))
-    for cls, det, stage in replayed_stage:
-        comms.append(CommTerm(cls, "stage", det, zeros, zeros, zeros, stage))
-    if replayed_p2p:
-        comms.append(CommTerm("sendrecv", "p2p", np.mean(replayed_p2p, axis=0), zeros, zeros,
-                              zeros))
-    if by_stage:
-        fwd_bwd_stage, opt = fwd_bwd_stage, opt_stage.max(axis=1)
-    else:
-        fwd_bwd_stage = np.repeat(fwd_bwd[:, None], pp, axis=1)
-    return PlanModel(
-        plan=plan,
-        gpus_per_node=gpn,
-        fwd_us=fwd_bwd_stage / 3.0,
-        bwd_us=2.0 * fwd_bwd_stage / 3.0,
-        opt_us=opt,
-        loading=loading,
-        resid_mu=resid_mu,
-        resid_sd=resid_sd,
-        comms=comms,
-        idle_mean=per_draw(law.mean),
-        idle_var=idle_var,
-        idle_group=np.array([sync_group(plan, role) for role in law.roles], dtype=np.int64),
-        gpustep_slow=None if typical else arrays.gpustep_slow,
-        degraded_prob=(None if typical or arrays.degraded_link is None else
-                       1.0 - (1.0 - arrays.degraded_link[0]) ** math.ceil(plan.gpus / gpn)),
-    )
+    return comm_specs
 
 
 def sync_group(plan: ParallelPlan, role: str) -> int:
