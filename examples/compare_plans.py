@@ -12,7 +12,7 @@ import bayesprism as bp
 from bayesprism.forecast import summarize_forecast
 
 ROOT = Path(__file__).resolve().parents[1]
-DRAWS = int(os.environ.get("BAYESPRISM_EXAMPLE_DRAWS", "500"))
+DRAWS = int(os.environ.get("BAYESPRISM_EXAMPLE_DRAWS", "1000"))
 
 table = bp.read_traces([ROOT / "data" / "kineto" / "param_dlrm_8rank"], progress=False)
 posterior = bp.fit(table, draws=DRAWS, tune=DRAWS, random_seed=2, progress=False)

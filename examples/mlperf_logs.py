@@ -16,7 +16,7 @@ from bayesprism.plan import plan_from_run
 from bayesprism.schema import select_runs
 
 LADDER = Path(__file__).resolve().parents[1] / "data" / "mlperf"
-DRAWS = int(os.environ.get("BAYESPRISM_EXAMPLE_DRAWS", "500"))
+DRAWS = int(os.environ.get("BAYESPRISM_EXAMPLE_DRAWS", "1000"))
 
 table = bp.read_traces([LADDER], progress=False)
 runs = table.attrs["runs"]
