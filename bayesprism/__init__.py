@@ -25,6 +25,7 @@ _API = {
     "save": "bayesprism.io",
     "load": "bayesprism.io",
     "simulate": "bayesprism.simulate",
+    "learn_layout_prior": "bayesprism.layout_prior",
     # plans, composition and forecasts
     "ParallelPlan": "bayesprism.plan",
     "Cluster": "bayesprism.plan",
