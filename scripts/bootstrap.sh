@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create or refresh .venv with a Python >= 3.12 and the package installed (editable, with dev extras).
+# Create or refresh .venv with a Python >= 3.12 and the package installed (editable, with the dev
+# extras and the optional dask extra, so the tests of the Dask engine run too).
 # Re-installs only when pyproject.toml is newer than the last install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +43,6 @@ fi
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   echo "bootstrap: installing bayesprism and its dependencies into $VENV (about a minute)" >&2
   "$VENV/bin/python" -m pip install --quiet --upgrade pip >/dev/null
-  "$VENV/bin/python" -m pip install --quiet -e '.[dev]'
+  "$VENV/bin/python" -m pip install --quiet -e '.[dev,dask]'
   touch "$STAMP"
 fi

@@ -256,3 +256,20 @@ def test_every_command_that_reads_traces_refuses_a_bad_layout(tmp_path, capsys, 
     assert main([*argv, "--layout", "tp=2", "--layout", fact, "--quiet"]) == 2
     assert capsys.readouterr().err.splitlines() == [message]
     assert not list(tmp_path.iterdir())  # refused before anything is read or written
+
+
+def test_skip_bad_ingests_the_rest_of_a_folder(shared_data, tmp_path, capsys):
+    # --skip-bad (= --no-strict): the good file is ingested, the broken one named and counted;
+    # by default the broken file fails the ingest
+    import shutil
+
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    good = sorted((shared_data / "simulated" / "megatron-3d-dev" / "traces").glob("*.gz"))[0]
+    shutil.copy(good, folder / good.name)
+    (folder / "broken.pt.trace.json").write_text('{"traceEvents": [')
+    out = tmp_path / "table.parquet"
+    assert main(["ingest", str(folder), "-o", str(out), "--quiet"]) == 2
+    assert "broken.pt.trace.json" in capsys.readouterr().err
+    assert main(["ingest", str(folder), "-o", str(out), "--skip-bad", "--json", "--quiet"]) == 0
+    assert "broken.pt.trace.json" in capsys.readouterr().out and out.exists()

@@ -1,4 +1,8 @@
-"""``bayesprism ingest PATH... -o table.parquet``: trace files → a Parquet trace table + summary."""
+"""``bayesprism ingest PATH... -o table.parquet``: trace files → a Parquet trace table + summary.
+
+``--engine dask [--scheduler ADDRESS]`` reads the files on a Dask cluster
+(:mod:`bayesprism.ingest.distributed`); the table is the same.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +37,19 @@ def register(subparsers) -> None:
                         help="GPUs per node, to place ranks on nodes when traces name no host")
     add_layout_option(parser, "every run")
     add_columns_option(parser)
+    parser.add_argument("--engine", choices=("embedded", "dask"), default="embedded",
+                        help="embedded: this machine (worker processes, one per core); dask: "
+                        "one task per file on a Dask cluster (pip install 'bayesprism[dask]')")
+    parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                        help="with --engine dask: the Dask scheduler to run on (e.g. "
+                        "tcp://head:8786; workers must see the files at the same paths); "
+                        "default: a local cluster with one worker per core")
+    parser.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
+                        help="a file that cannot be read fails the whole ingest (--strict) or "
+                        "is skipped and named with its reason in the summary (--no-strict); "
+                        "default: strict with the embedded engine, not with dask")
+    parser.add_argument("--skip-bad", dest="strict", action="store_false",
+                        help="the same as --no-strict: ingest the rest and count what was skipped")
     parser.add_argument("--json", action="store_true",
                         help="print the summary as one JSON object")
     add_common(parser)
@@ -49,10 +66,21 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise InputError(Problem("command line", "--gpus-per-node",
                                  f"must be >= 1, got {args.gpus_per_node}"))
+    if args.scheduler is not None and args.engine != "dask":
+        raise InputError(Problem("command line", "--scheduler", "needs --engine dask",
+                                 example=args.scheduler))
     check_outputs((args.output, "-o"))
-    summary = ingest_to_parquet(args.paths, args.output, gpus_per_node=args.gpus_per_node,
-                                column_map=parse_columns(args.columns),
-                                layout=parse_layout_args(args.layout), progress=not args.quiet)
+    options = {"gpus_per_node": args.gpus_per_node, "column_map": parse_columns(args.columns),
+               "layout": parse_layout_args(args.layout), "progress": not args.quiet,
+               "strict": args.strict}
+    if args.engine == "dask":
+        from bayesprism.ingest.distributed import dask_client
+
+        with dask_client(scheduler=args.scheduler) as client:
+            summary = ingest_to_parquet(args.paths, args.output, engine="dask", client=client,
+                                        **options)
+    else:
+        summary = ingest_to_parquet(args.paths, args.output, **options)
     if args.json:
         print_json(summary)
     else:

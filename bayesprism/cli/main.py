@@ -27,6 +27,8 @@ SUBCOMMANDS = (
     "validate",
     "sensitivity",
     "place",
+    "learn_prior",
+    "what_if",
     "demo",
 )
 
@@ -57,15 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    if getattr(args, "quiet", False):
-        warnings.simplefilter("ignore")
+    quiet = bool(getattr(args, "quiet", False))
     # the console script guards its main module, so trace files may be read by worker
     # processes (bayesprism.ingest.dispatch.ingest_workers); only for this command
     chosen = "BAYESPRISM_INGEST_WORKERS" in os.environ
     if not chosen:
         os.environ["BAYESPRISM_INGEST_WORKERS"] = "auto"
+    # every command's warnings are gathered and printed once at its end, de-duplicated, with
+    # what to do (never interleaved with progress bars); --quiet prints none
+    caught: list = []
     try:
-        return int(args.func(args) or 0)
+        # the filters stay as they are (library deprecations remain hidden)
+        with warnings.catch_warnings(record=True) as caught:
+            return int(args.func(args) or 0)
     except InputError as exc:
         for line in exc.lines():
             print(f"error: {line}", file=sys.stderr)
@@ -83,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not chosen:
             os.environ.pop("BAYESPRISM_INGEST_WORKERS", None)
+        if not quiet:
+            from bayesprism.cli._common import print_warnings
+
+            print_warnings(caught)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -55,6 +55,7 @@ HEAD_BYTES = 64 * 1024
 #: Two files of one run whose first kernels are further apart than this are different jobs.
 MAX_RUN_SPREAD_US = 3600e6
 SKIP_UNRECOGNISED = "file of unrecognised format (found in a directory)"
+SKIP_BAD_FILE = "file that cannot be read as a trace (skipped: not strict)"
 #: (format name, module, reader function), in the order their ``can_read`` is asked.
 READERS: tuple[tuple[str, str, str], ...] = (
     ("kineto", "bayesprism.ingest.kineto", "read_kineto"),
@@ -296,9 +297,19 @@ class IngestCollector:
     signature_stats: SignatureStats = field(default_factory=SignatureStats)
     #: run -> rank -> (file, GPU kernels read, steps kept): ranks unlike the others are named
     rank_files: dict[str, dict[int, tuple[str, int, int]]] = field(default_factory=dict)
+    #: problems of the files skipped when not strict (raised when no file was read at all)
+    bad_files: list[Problem] = field(default_factory=list)
 
     def skip(self, reason: str, count: int = 1) -> None:
         self.attrs["skipped"][reason] = self.attrs["skipped"].get(reason, 0) + count
+
+    def skip_file(self, problems: list[Problem]) -> None:
+        """Skip one file that cannot be read (not strict): counted, and each of its problems
+        kept as a note naming the file and the reason."""
+        self.bad_files.extend(problems)
+        self.skip(SKIP_BAD_FILE)
+        for p in problems:
+            self.note(f"skipped {p}")
 
     def note(self, text: str) -> None:
         if text not in self.attrs["notes"]:
@@ -439,13 +450,25 @@ def unusual_ranks(run: str, ranks: Mapping[int, tuple[str, int, int]]) -> list[s
 
 
 def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollector,
-               progress: bool, finish: Callable | None = None) -> Iterator:
+               progress: bool, finish: Callable | None = None,
+               read: Callable[[list[tuple]], Iterator[tuple]] | None = None,
+               strict: bool = True) -> Iterator:
     """Read each file with its reader; yields validated frames, collects problems.
 
     ``finish``: a module-level function applied to each validated frame where it was read
     (in the worker process when there are several); its results are yielded instead.
+    ``read``: runs the :func:`read_file` tasks and yields their results in task order
+    (default: here or in local worker processes; :mod:`bayesprism.ingest.distributed` on Dask).
+    ``strict=False``: a file that cannot be read is skipped (counted, named in a note) instead
+    of failing the whole read.
     """
     from tqdm.auto import tqdm
+
+    def bad_file(problems: list[Problem]) -> None:
+        if strict:
+            collector.problems.extend(problems)
+        else:
+            collector.skip_file(problems)
 
     paths = [f.path for f in files]
     sniffed: list[tuple[TraceFile, tuple[str, Callable] | None]] = []
@@ -453,11 +476,11 @@ def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollecto
         try:
             head = read_head(f.path)
         except OSError as exc:
-            collector.problems.append(Problem(str(f.path), "", f"cannot be read: {exc.strerror}"))
+            bad_file([Problem(str(f.path), "", f"cannot be read: {exc.strerror}")])
             continue
         if not head:
             if f.explicit:
-                collector.problems.append(Problem(str(f.path), "", "the file is empty"))
+                bad_file([Problem(str(f.path), "", "the file is empty")])
             else:
                 collector.skip(SKIP_UNRECOGNISED)
                 collector.unrecognised.append(str(f.path))
@@ -468,10 +491,10 @@ def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollecto
         if found is None:
             if f.explicit:
                 table = unrecognised_table(f.path, head)
-                collector.problems.append(Problem(
+                bad_file([Problem(
                     str(f.path), "", table or "not a recognised trace format (PyTorch "
                     "profiler/Kineto JSON, MLPerf log, nccl-tests output, benchmark or tidy "
-                    "CSV/Parquet table)"))
+                    "CSV/Parquet table)")])
             else:
                 collector.skip(SKIP_UNRECOGNISED)
                 collector.unrecognised.append(str(f.path))
@@ -494,9 +517,9 @@ def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollecto
         return reader, f.path, file_options, finish
 
     for (f, (fmt, _)), (part, facts, report, problems) in zip(
-            bar, _read_in_order([task(item) for item in sniffed]), strict=True):
+            bar, (read or _read_in_order)([task(item) for item in sniffed]), strict=True):
         if problems:
-            collector.problems.extend(problems)
+            bad_file(problems)
             continue
         if options.get("layout") and not report.get("layout_applied"):
             report = report_with_layout(report, options["layout"], str(f.path))
@@ -570,7 +593,9 @@ def _read_in_order(tasks: list[tuple]) -> Iterator[tuple]:
 
 def raise_problems(collector: IngestCollector, found_any: bool) -> None:
     if not found_any and not collector.problems:
-        collector.problems.append(Problem("inputs", "", "no trace file found"))
+        # not strict and every file bad: those files are the problem
+        collector.problems.extend(collector.bad_files
+                                  or [Problem("inputs", "", "no trace file found")])
     if collector.problems:
         raise TraceFormatError(collector.problems)
 
@@ -613,7 +638,8 @@ def collective_mask(df: pd.DataFrame) -> np.ndarray:
 
 def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict | None = None,
                 column_map: dict | None = None, layout: Mapping | None = None,
-                progress: bool = True) -> pd.DataFrame:
+                progress: bool = True, engine: str = "embedded", client=None,
+                strict: bool | None = None) -> pd.DataFrame:
     """Read trace files into one validated trace table.
 
     Parameters
@@ -635,6 +661,17 @@ def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict |
         ``attrs["runs"][run]["layout_sources"]``.
     progress
         Show a progress bar over files.
+    engine
+        ``"embedded"`` (default: this process, or local worker processes as
+        ``BAYESPRISM_INGEST_WORKERS`` says) or ``"dask"``: one task per file on a Dask cluster
+        (:mod:`bayesprism.ingest.distributed`; needs ``bayesprism[dask]``), same table.
+    client
+        With ``engine="dask"``: a ``distributed.Client`` to run on; None starts a local
+        cluster with one single-threaded worker process per core for this call.
+    strict
+        Whether a file that cannot be read fails the whole read (True) or is skipped, counted
+        in ``attrs["skipped"]`` and named with its reason in ``attrs["notes"]`` (False).
+        Default: True with the embedded engine, False with Dask.
 
     Returns
     -------
@@ -649,12 +686,25 @@ def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict |
     TraceFormatError
         Listing every problem in every file (one line each).
     InputError
-        A bad ``layout`` (unknown key or value).
+        A bad ``layout`` (unknown key or value), ``engine`` or ``client``; Dask not installed.
+
+    Examples
+    --------
+    >>> table = read_traces("data/kineto/param_dlrm_8rank", progress=False)  # doctest: +SKIP
+    >>> from distributed import Client                                        # doctest: +SKIP
+    >>> with Client(n_workers=2, threads_per_worker=1) as client:             # doctest: +SKIP
+    ...     same = read_traces("data/kineto/param_dlrm_8rank", engine="dask", client=client)
     """
+    from bayesprism.ingest.distributed import ingest_engine
+
     files, problems = expand_paths(paths)
     collector = IngestCollector(problems=list(problems))
     options = reader_options(gpus_per_node, rank_to_node, column_map, check_layout(layout))
-    frames = list(iter_frames(files, options, collector, progress))
+    with ingest_engine(engine, client=client, progress=progress) as reads:
+        frames = list(iter_frames(files, options, collector, progress and reads is None,
+                                  read=reads, strict=resolve_strict(strict, reads)))
+        if reads is not None:
+            reads.add_totals(collector)
     signatures = collector.finish()
     raise_problems(collector, bool(frames))
     columns = [c for c in ALL_COLUMNS if any(c in f.columns for f in frames)]
@@ -670,6 +720,11 @@ def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict |
     df = validate_table(df, source="trace table")
     df.attrs = attrs
     return df
+
+
+def resolve_strict(strict: bool | None, reads) -> bool:
+    """``strict`` as given, else the engine's default: strict embedded, lenient on Dask."""
+    return (reads is None) if strict is None else bool(strict)
 
 
 def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:

@@ -25,8 +25,10 @@ from bayesprism.ingest.dispatch import (
     raise_problems,
     read_traces,
     reader_options,
+    resolve_strict,
     split_collectives,
 )
+from bayesprism.ingest.distributed import ingest_engine
 from bayesprism.ingest.layout import check_layout, table_with_layout
 from bayesprism.ingest.summary import SummaryAccumulator
 from bayesprism.outputs import check_output_path
@@ -85,7 +87,8 @@ def to_arrow(df: pd.DataFrame, schema):
 
 def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = None,
                       rank_to_node: dict | None = None, column_map: dict | None = None,
-                      layout: Mapping | None = None, progress: bool = True) -> dict:
+                      layout: Mapping | None = None, progress: bool = True,
+                      engine: str = "embedded", client=None, strict: bool | None = None) -> dict:
     """Read trace files one at a time into a Parquet trace table, with bounded memory.
 
     Pass 1 reads file by file: non-collective rows go straight to the output file, collective
@@ -101,9 +104,11 @@ def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = Non
 
     Parameters
     ----------
-    paths, gpus_per_node, rank_to_node, column_map, layout, progress
+    paths, gpus_per_node, rank_to_node, column_map, layout, progress, engine, client, strict
         As in :func:`read_traces`: stated layout facts are set on each run as its files are
-        read, so the run metadata written carries them (provenance ``"user"``).
+        read, so the run metadata written carries them (provenance ``"user"``). With
+        ``engine="dask"`` the files are read on the cluster and their rows written here, in
+        file order, so the table is the embedded engine's.
     out
         Output Parquet file.
 
@@ -132,19 +137,26 @@ def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = Non
     tmp_sig = out.with_name(out.name + ".signatures.tmp")
     summary = SummaryAccumulator()
     wrote = False
+    # the Dask cluster (when one is started here) lives for pass 1 only
+    engine_scope = contextlib.ExitStack()
+    reads = engine_scope.enter_context(ingest_engine(engine, client=client, progress=progress))
     try:
         # store_schema=False: readers then take the schema metadata from the key-value metadata
         # added at the end (the attrs), instead of the Arrow schema frozen at the start.
         with pq.ParquetWriter(tmp_out, schema, store_schema=False) as writer, \
                 pq.ParquetWriter(tmp_coll, schema) as coll_writer:
-            for rest, coll, part in iter_frames(files, options, collector, progress,
-                                                finish=_file_parts):
+            for rest, coll, part in iter_frames(files, options, collector,
+                                                progress and reads is None, finish=_file_parts,
+                                                read=reads, strict=resolve_strict(strict, reads)):
                 wrote = True
                 summary.merge(part)
                 if rest is not None:
                     writer.write_table(rest)
                 if coll is not None:
                     coll_writer.write_table(coll)
+            if reads is not None:  # the statistics reduced on the cluster
+                reads.add_totals(collector, summary)
+                engine_scope.close()
             coll_writer.close()
             signatures = collector.finish()
             raise_problems(collector, wrote)
@@ -171,6 +183,7 @@ def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = Non
             tmp_sig.replace(tmp_out)
         tmp_out.replace(out)
     finally:
+        engine_scope.close()
         for tmp in (tmp_out, tmp_coll, tmp_sig):
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
