@@ -75,7 +75,11 @@ def test_bad_durations_are_skipped_and_reported(tmp_path, capsys):
     del kernels[1]["dur"]  # a missing field
     text = json.dumps(data).replace('"dur": 100,', '"dur": NaN,')  # NaN literal (allreduce #0)
     path = write(tmp_path / "r" / "hostA_1.1.pt.trace.json", text)
-    code, stdout, err = run_cli(capsys, path, "-o", tmp_path / "t.parquet", "--json")
+    # five of the file's seven GPU activities unusable: refused, unless not strict
+    code, _, err = run_cli(capsys, path, "-o", tmp_path / "t.parquet", "--json")
+    assert code == 2 and "71% of its 7 GPU activities cannot be used" in err
+    code, stdout, err = run_cli(capsys, path, "-o", tmp_path / "t.parquet", "--json",
+                                "--no-strict")
     assert code == 0, err
     skipped = json.loads(stdout)["skipped"]
     assert skipped == {"kernel with zero or negative duration": 2,  # -5 and the golden 0

@@ -259,3 +259,26 @@ def test_other_layouts_fall_back_to_whole_file_decoding():
         list(kineto_json.StreamedTrace(GOLDEN_FILES[0]).slices())
     df, _ = read_kineto(GOLDEN_FILES[0])
     assert len(df) == 5
+
+
+def test_a_trace_of_mostly_unusable_kernels_is_refused_unless_accepted(tmp_path):
+    # three of four kernels outside any ProfilerStep: an error naming the share and the
+    # reason; accepted (not strict) it is read with its one usable kernel and the counts
+    import json
+
+    from bayesprism.errors import TraceFormatError
+    from bayesprism.ingest.kineto import SKIP_OUTSIDE_STEP, read_kineto
+
+    kernels = [{"ph": "X", "cat": "kernel", "name": f"k{i}", "ts": ts, "dur": 5.0, "pid": 0,
+                "tid": 7, "args": {"device": 0, "correlation": i}}
+               for i, ts in enumerate((10.0, 500.0, 600.0, 700.0))]
+    step = {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#1", "ts": 0.0,
+            "dur": 100.0, "pid": 0, "tid": 7}
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 1},
+                                "traceEvents": [step, *kernels]}))
+    with pytest.raises(TraceFormatError, match=r"75% of its 4 GPU activities cannot be used "
+                       r"\(kernel outside any ProfilerStep: 3\)"):
+        read_kineto(path)
+    df, report = read_kineto(path, accept_unusable=True)
+    assert len(df) == 1 and report["skipped"] == {SKIP_OUTSIDE_STEP: 3}

@@ -514,6 +514,8 @@ def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollecto
         if fmt == "kineto":
             file_options["run"] = run_names[f.path]
             file_options["host_from_file_name"] = host_ok[f.path]
+            # not strict: a file mostly of unusable kernels is read with counts, not refused
+            file_options["accept_unusable"] = not strict
         return reader, f.path, file_options, finish
 
     for (f, (fmt, _)), (part, facts, report, problems) in zip(

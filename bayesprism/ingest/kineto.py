@@ -69,6 +69,9 @@ SKIP_OUTSIDE_STEP = "kernel outside any ProfilerStep"
 SKIP_NAN_DURATION = "kernel with missing (NaN) duration"
 SKIP_NONPOSITIVE_DURATION = "kernel with zero or negative duration"
 SKIP_MISSING_TS = "kernel without a timestamp (ts)"
+#: Share of a file's GPU activities that may be unusable (skipped for a reason above) before
+#: the file is refused rather than read with counts (real traces here: at most 20 %).
+MAX_UNUSABLE_SHARE = 0.5
 _NUMBER_TYPES = (int, float, type(None))
 
 #: ``<host>_<pid>.<timestamp>.pt.trace.json[.gz]`` (torch.profiler.tensorboard_trace_handler).
@@ -202,7 +205,8 @@ def _collective_fields(args) -> tuple:
 def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int | None = None,
                 rank_to_node: dict | None = None, run: str | None = None,
                 rank: int | None = None, world_size: int | None = None,
-                host_from_file_name: bool = True) -> tuple[pd.DataFrame, dict]:
+                host_from_file_name: bool = True, accept_unusable: bool = False
+                ) -> tuple[pd.DataFrame, dict]:
     """Read one PyTorch profiler (Kineto) trace file into trace-table rows.
 
     Parameters
@@ -223,6 +227,9 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
         Take the host from a ``<host>_<pid>.<ms>.pt.trace.json`` file name. The dispatcher
         turns this off for a run whose file names all carry the same "pid" (then the names
         were chosen by hand, e.g. ``worker3_step_12.<ms>.pt.trace.json``, and say no host).
+    accept_unusable
+        Read a file more than :data:`MAX_UNUSABLE_SHARE` of whose GPU activities cannot be
+        used (the skips above), with their counts, instead of refusing it.
 
     Returns
     -------
@@ -360,6 +367,14 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
     if outside.any():
         skipped[SKIP_OUTSIDE_STEP] = int(outside.sum())
     keep = valid & (step >= 0)
+    unusable = keep.size - int(keep.sum())
+    if keep.size and unusable > MAX_UNUSABLE_SHARE * keep.size and not accept_unusable:
+        reason, count = max(skipped.items(), key=lambda item: item[1])
+        raise TraceFormatError(Problem(
+            source, "traceEvents", f"{unusable / keep.size:.0%} of its {keep.size:,} GPU "
+            f"activities cannot be used ({reason}: {count:,}): not a usable trace; "
+            f"--no-strict (strict=False) accepts its {keep.size - unusable:,} usable ones",
+            unusable))
 
     # Kernel names: normalise and classify each distinct name once.
     codes, uniques = pd.factorize(pd.Series(names, dtype=object))
