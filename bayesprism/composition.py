@@ -136,7 +136,13 @@ from bayesprism.errors import InputError, Problem
 from bayesprism.extremes import RankLaw, top_node_log_multipliers
 from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
 from bayesprism.schedules import Schedule, build_schedule, pipeline_finish
-from bayesprism.workload import PlanModel, build_plan_model, flat_draws
+from bayesprism.workload import (
+    PlanModel,
+    PosteriorArrays,
+    build_plan_model,
+    flat_draws,
+    posterior_arrays,
+)
 
 EXACT_MAX_GPUS = 2048
 #: Default bound on a rank's slowdown: its compute multiplier ``exp(T)`` is capped at this.
@@ -576,8 +582,9 @@ def ideal_step_time(
     rank's mean host idle are included)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlanWarning)
-        model = build_plan_model(posterior, plan, cluster, typical=True)
-        full = build_plan_model(posterior, plan, cluster)
+        arrays = posterior_arrays(posterior)
+        model = build_plan_model(posterior, plan, cluster, typical=True, arrays=arrays)
+        full = build_plan_model(posterior, plan, cluster, arrays=arrays)
     return _ideal_from_model(model, _residual_mean(full))
 
 
@@ -649,6 +656,7 @@ def compose(
     cluster: Cluster | None = None,
     exact: bool | None = None,
     max_slowdown: float = DEFAULT_MAX_SLOWDOWN,
+    arrays: PosteriorArrays | None = None,
 ) -> StepDraws:
     """Posterior predictive step-time draws of ``plan``, shape (chain*draw, replicates).
 
@@ -676,6 +684,9 @@ def compose(
         Largest multiplier of a rank's compute time (> 1); a rank's log-multiplier is capped
         at ``log(max_slowdown)`` in both paths, with a ``PlanWarning`` when the cap binds in
         more than :data:`CAP_WARN_SHARE` of the posterior draws.
+    arrays
+        ``bayesprism.workload.posterior_arrays(posterior)`` when the caller composes several
+        plans on one posterior (extracted here otherwise).
     """
     if posterior.attrs.get("model_kind") == "step":
         from bayesprism.stepscale import compose_steps
@@ -690,10 +701,11 @@ def compose(
             Problem("arguments", "max_slowdown", "must be a number above 1", example=max_slowdown)
         )
     log_cap = math.log(max_slowdown)
-    model = build_plan_model(posterior, plan, cluster)
+    arrays = posterior_arrays(posterior) if arrays is None else arrays
+    model = build_plan_model(posterior, plan, cluster, arrays=arrays)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlanWarning)
-        typical_model = build_plan_model(posterior, plan, cluster, typical=True)
+        typical_model = build_plan_model(posterior, plan, cluster, typical=True, arrays=arrays)
     ideal_s = _ideal_from_model(typical_model, _residual_mean(model))
     schedule = _schedule_for(model, typical_model)
     streams = _Streams.from_generator(rng)

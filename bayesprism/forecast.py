@@ -236,10 +236,15 @@ def forecast(
         iterator = tqdm(plans, desc="forecast", unit="plan")
     results: list[StepDraws] = []
     paths: list[str] = []
+    kernel_level = thinned.attrs.get("model_kind") != "step"
+    if kernel_level:
+        from bayesprism.workload import posterior_arrays
+
+        arrays = posterior_arrays(thinned)  # once for every plan
     for plan in iterator:
         rng = np.random.default_rng(random_seed)
         results.append(compose(thinned, plan, replicates=replicates, rng=rng, cluster=cluster,
-                               exact=exact))
+                               exact=exact, **({"arrays": arrays} if kernel_level else {})))
         if thinned.attrs.get("model_kind") == "step":
             paths.append("step-model")
         else:

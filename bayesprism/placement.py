@@ -65,6 +65,7 @@ from bayesprism.slots import (
     with_nodes,
     world_size,
 )
+from bayesprism.workload import posterior_arrays
 
 OBJECTIVES = ("mean", "p95")
 #: Relative improvement a swap must bring to be accepted: smaller ones are mostly Monte-Carlo
@@ -83,6 +84,8 @@ class _Evaluator:
         self.objective, self.replicates, self.random_seed = objective, replicates, random_seed
         self.cache: dict[tuple[str, ...], PerDraw] = {}
         self.compositions = 0
+        # every placement composes the same posterior: its arrays are extracted once
+        self.arrays = posterior_arrays(posterior)
 
     def stats(self, order: Sequence[str]) -> PerDraw:
         """Per-draw step-time statistics of a placement (composed once, then cached)."""
@@ -96,6 +99,7 @@ class _Evaluator:
                 cluster=with_nodes(self.cluster, key, self.plan),
                 # the fast path puts the slowest node on a random stage: positions need exact
                 exact=True,
+                arrays=self.arrays,
             )
             self.cache[key] = PerDraw.of(step)
             self.compositions += 1

@@ -142,8 +142,11 @@ def compose_with_seed(
     random_seed: int,
     cluster=None,
     exact: bool | None = None,
+    arrays=None,
 ) -> StepDraws:
-    """Compose ``plan`` with a fresh generator seeded by ``random_seed`` (common random numbers).
+    """Compose ``plan`` with a fresh generator seeded by ``random_seed`` (common random numbers);
+    ``arrays``: the posterior's ``bayesprism.workload.posterior_arrays``, when the caller
+    composes it many times.
 
     Counterfactual analyses compose the same plan dozens of times: the warnings of each
     composition are re-issued from this one place, so the default warnings filter shows each
@@ -155,7 +158,7 @@ def compose_with_seed(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         steps = compose(posterior, plan, replicates=replicates, rng=rng, cluster=cluster,
-                        exact=exact)
+                        exact=exact, arrays=arrays)
     for warning in caught:
         # from one place, so the warnings filter's registry passes each message on once
         warnings.warn(warning.message, warning.category, stacklevel=2)
