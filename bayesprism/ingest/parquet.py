@@ -173,8 +173,10 @@ def ingest_to_parquet(paths, out: str | Path, *, gpus_per_node: int | None = Non
             with ThreadPoolExecutor(1) as pool:
                 split = pool.submit(_split_side_file, tmp_coll, collector, summary)
                 with pq.ParquetWriter(tmp_sig, schema, store_schema=False) as final:
-                    for batch in pq.ParquetFile(tmp_out, read_dictionary=["signature"]
-                                                ).iter_batches(batch_size=1 << 18):
+                    # every categorical column read as a dictionary, as it is written: not
+                    # decoded to strings and encoded again
+                    for batch in pq.ParquetFile(tmp_out, read_dictionary=_dictionary_columns(
+                            schema)).iter_batches(batch_size=1 << 18):
                         final.write_batch(_with_signatures(batch, schema, signatures))
                     for batch in _collective_batches(tmp_coll, schema, split.result()):
                         final.write_batch(_with_signatures(batch, schema, signatures))
@@ -242,6 +244,13 @@ def _collective_batches(side_file: Path, schema, split):
         columns[i_transfer] = pa.array(transfer[offset:offset + n], type=pa.float64())
         yield pa.RecordBatch.from_arrays(columns, schema=schema)
         offset += n
+
+
+def _dictionary_columns(schema) -> list[str]:
+    """The columns of ``schema`` stored as Arrow dictionaries (the categorical ones)."""
+    import pyarrow as pa
+
+    return [field.name for field in schema if pa.types.is_dictionary(field.type)]
 
 
 def _with_signatures(batch, schema, mapping: dict[str, str]):
