@@ -437,6 +437,21 @@ def posterior_arrays(posterior: xr.DataTree) -> PosteriorArrays:
     return _extract_arrays(posterior)
 
 
+def _spec_prior(posterior: xr.DataTree, name: str) -> float:
+    """Prior ``name`` of the spec the posterior was fitted with (the default when absent)."""
+    from bayesprism.spec import DEFAULT_PRIORS, ModelSpec
+
+    stored = posterior.attrs.get("spec")
+    return ModelSpec.from_dict(json.loads(stored)).prior(name) if stored \
+        else DEFAULT_PRIORS[name]
+
+
+def _stratified_levels(rng: np.random.Generator, draws: int) -> np.ndarray:
+    """Probability levels (i + 0.5) / draws in a shuffled order: prior quantiles drawn this way
+    cover the prior evenly whatever the number of draws, independent of the fitted values."""
+    return (rng.permutation(draws) + 0.5) / draws
+
+
 def _fabric_exponent(posterior: xr.DataTree, group: xr.Dataset, costed: bool
                      ) -> np.ndarray | None:
     """γ per draw (inter-node bandwidth times (nodes / 2)^-γ): fitted, or, where the fit saw no
@@ -448,14 +463,9 @@ def _fabric_exponent(posterior: xr.DataTree, group: xr.Dataset, costed: bool
         return None
     from scipy import special
 
-    from bayesprism.spec import DEFAULT_PRIORS, ModelSpec
-
-    stored = posterior.attrs.get("spec")
-    scale = (ModelSpec.from_dict(json.loads(stored)).prior("fabric_exponent") if stored
-             else DEFAULT_PRIORS["fabric_exponent"])
     draws = group.sizes["chain"] * group.sizes["draw"]
-    level = (np.random.default_rng(draws).permutation(draws) + 0.5) / draws
-    return scale * special.ndtri(0.5 + 0.5 * level)
+    level = _stratified_levels(np.random.default_rng(draws), draws)
+    return _spec_prior(posterior, "fabric_exponent") * special.ndtri(0.5 + 0.5 * level)
 
 
 def _degraded_link(posterior: xr.DataTree, group: xr.Dataset, costed: bool
@@ -470,18 +480,12 @@ def _degraded_link(posterior: xr.DataTree, group: xr.Dataset, costed: bool
         return None
     from scipy import special
 
-    from bayesprism.spec import DEFAULT_PRIORS, ModelSpec
-
-    stored = posterior.attrs.get("spec")
-    spec = ModelSpec.from_dict(json.loads(stored)) if stored else None
-    beta, scale = (spec.prior(name) if spec else DEFAULT_PRIORS[name]
-                   for name in ("degraded_link_beta", "degraded_link_slowdown"))
     draws = group.sizes["chain"] * group.sizes["draw"]
     rng = np.random.default_rng([draws, 1])
-    level = (rng.permutation(draws) + 0.5) / draws
-    rate = -np.expm1(np.log1p(-level) / beta)  # Beta(1, b) quantile
-    level = (rng.permutation(draws) + 0.5) / draws
-    return rate, scale * special.ndtri(0.5 + 0.5 * level)
+    beta = _spec_prior(posterior, "degraded_link_beta")
+    rate = -np.expm1(np.log1p(-_stratified_levels(rng, draws)) / beta)  # Beta(1, b) quantile
+    scale = _spec_prior(posterior, "degraded_link_slowdown")
+    return rate, scale * special.ndtri(0.5 + 0.5 * _stratified_levels(rng, draws))
 
 
 def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:

@@ -605,7 +605,8 @@ def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all,
     p_codes, p_vals = _factorize(group)
     n_codes, n_vals = _factorize(nodes[idx].astype(float))
     b_codes, b_vals = _factorize(nbytes)
-    s_codes, s_keys = _factorize(run_all[idx] * (int(step_all[idx].max()) + 1) + step_all[idx])
+    stride = int(step_all[idx].max()) + 1  # (run, step) -> one code: run * stride + step
+    s_codes, s_keys = _factorize(run_all[idx] * stride + step_all[idx])
     # The algorithm NCCL names in the kernel (``..._TREE_LL``: log2 latency steps), looked up
     # per kernel name: the forecast costs such a collective with the same steps.
     algorithms = ("ring", *coll.LOG_ALGORITHMS)
@@ -640,7 +641,7 @@ def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all,
                   if isinstance(meta, dict) and meta.get("benchmark")}
     run_labels = glob["run"][1]
     bench_run = np.array([label in bench_runs for label in run_labels] + [False])
-    cell_bench = bench_run[s_keys[cells.codes["s"]] // (int(step_all[idx].max()) + 1)]
+    cell_bench = bench_run[s_keys[cells.codes["s"]] // stride]
     has_job = np.zeros(len(modelled), dtype=bool)
     has_job[cj[~cell_bench]] = True
     benchmarked = np.flatnonzero(has_job & np.isin(np.arange(len(modelled)), cj[cell_bench]))
@@ -652,10 +653,9 @@ def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all,
     # slow at once when one of its nodes has a degraded link. A benchmark sweep is one
     # allocation (its run and step); a job's run is one for all its steps. A unit's
     # exposure is the nodes it spans: a sweep's, or every node a job's run has rows from.
-    stride = int(step_all[idx].max()) + 1
     s_of_cell = s_keys[cells.codes["s"]]
-    unit, _ = _factorize(np.where(cell_bench, s_of_cell, -1 - s_of_cell // stride))
     run_of_cell = s_of_cell // stride
+    unit, _ = _factorize(np.where(cell_bench, s_of_cell, -1 - run_of_cell))
     run_nodes = pd.Series(np.concatenate(glob["node"][0])).groupby(run_all).nunique()
     unit_nodes = np.zeros(int(unit.max()) + 1)
     np.maximum.at(unit_nodes, unit, np.where(
