@@ -11,7 +11,11 @@ Broadcast the buffer once in ``p-1`` pipelined steps, and SendRecv the buffer on
 ``bandwidth_gbps`` is therefore NCCL's *bus* bandwidth. A group that spans more than one node
 uses the inter-node tier's parameters, whose bandwidth the fit and the forecast scale by
 ``(nodes / 2)^-γ`` with the nodes the group spans (``coll_fabric_exponent``,
-``bayesprism.model.kernel``). Works on scalars and NumPy arrays alike.
+``bayesprism.model.kernel``). A message below :data:`SMALL_MESSAGE_BYTES` takes its latency
+steps at ``exp(ρ)`` times the per-step latency (``coll_small_latency_log_ratio``, per tier,
+fitted where a collective of the tier is seen at both sizes): NCCL moves small buffers with
+its low-latency protocols, whose steps are several times quicker than those of the
+large-message protocol that sets the bandwidth. Works on scalars and NumPy arrays alike.
 """
 
 from __future__ import annotations
@@ -24,15 +28,25 @@ from bayesprism.schema import COLLECTIVE_CLASSES
 __all__ = [
     "COLLECTIVE_CLASSES",
     "LOG_ALGORITHMS",
+    "SMALL_MESSAGE_BYTES",
     "TIERS",
     "algorithm_of",
     "bandwidth_factor",
+    "is_small_message",
     "latency_steps",
     "launch_work_us",
     "tier_of",
     "transfer_time_us",
 ]
 TIERS: tuple[str, ...] = ("intra", "inter")
+
+#: Buffers below this many bytes are "small messages": NCCL's low-latency protocols (LL, LL128)
+#: carry them, with per-step latencies well below the large-message protocol's (nccl-tests on
+#: 8 H100s: ~1 µs per ring step at 16 KiB, ~2.5 µs from 1 MiB up). The switch-over sits between
+#: a few tens of KiB and about a MiB depending on the system; 256 KiB splits what traces
+#: (scalars, norms, tensor-parallel reductions of small activations) and nccl-tests sweeps
+#: (1 MiB and up) usually hold.
+SMALL_MESSAGE_BYTES: float = 256.0 * 1024.0
 
 
 #: Algorithms whose latency grows with log2 of the group (NCCL's tree: a reduce up and a
@@ -70,6 +84,17 @@ def latency_steps(kind: str, group_size, algorithm: str = "ring"):
     raise ValueError(f"unknown collective class {kind!r}; expected one of {COLLECTIVE_CLASSES}")
 
 
+def is_small_message(nbytes):
+    """Whether a buffer of ``nbytes`` bytes is a small message (:data:`SMALL_MESSAGE_BYTES`).
+
+    Examples
+    --------
+    >>> bool(is_small_message(16384)), bool(is_small_message(1 << 20))
+    (True, False)
+    """
+    return np.asarray(nbytes, dtype=float) < SMALL_MESSAGE_BYTES
+
+
 def bandwidth_factor(kind: str, group_size):
     """Fraction of the buffer each rank sends over its link (bus-bandwidth convention)."""
     p = np.asarray(group_size, dtype=float)
@@ -90,10 +115,21 @@ def tier_of(group_size, gpus_per_node: int, nodes_spanned=None):
 
 
 def transfer_time_us(kind: str, group_size, nbytes, latency_us, bandwidth_gbps,
-                     algorithm: str = "ring"):
+                     algorithm: str = "ring", small_latency_log_ratio=0.0):
     """Deterministic transfer time (µs) of a collective (ring unless ``algorithm`` says);
-    broadcasts over arrays."""
-    return latency_us * latency_steps(kind, group_size, algorithm) + np.asarray(
+    broadcasts over arrays. ``small_latency_log_ratio``: ρ, the log ratio of a small message's
+    per-step latency to ``latency_us`` (module docstring).
+
+    Examples
+    --------
+    >>> float(transfer_time_us("allreduce", 8, 0.0, 2.0, 100.0))
+    28.0
+    >>> round(float(transfer_time_us("allreduce", 8, 0.0, 2.0, 100.0,
+    ...                              small_latency_log_ratio=np.log(0.5))), 6)
+    14.0
+    """
+    small = np.where(is_small_message(nbytes), np.exp(small_latency_log_ratio), 1.0)
+    return latency_us * small * latency_steps(kind, group_size, algorithm) + np.asarray(
         nbytes, dtype=float) * (
         bandwidth_factor(kind, group_size)
     ) / (np.asarray(bandwidth_gbps, dtype=float) * 1e3)

@@ -57,6 +57,9 @@ DEFAULT_PRIORS: dict[str, float] = {
     "inter_bandwidth_ratio": 0.25,  # prior median of inter/intra bandwidth (unobserved tier)
     "inter_latency_ratio": 3.0,  # prior median of inter/intra latency (unobserved tier)
     "tier_ratio_log_sd": 1.0,  # sd of log of those ratios
+    # sd of ρ ~ N(0, sd), the log ratio of a small message's per-step latency to a large one's
+    # (bayesprism.collectives.SMALL_MESSAGE_BYTES; fitted where a collective has both sizes)
+    "small_latency_log_sd": 1.0,
     # half-normal scale of γ: inter-node bus bandwidth falls as (nodes / 2)^-γ (0.05: a ring
     # over 512 nodes at ~0.8x the 2-node bandwidth, at the prior median)
     "fabric_exponent": 0.05,

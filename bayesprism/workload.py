@@ -349,11 +349,22 @@ def _traced_gaps_us(
                       for name in ("coll_latency_us", "coll_bandwidth_gbps")}
             mean_us[:, k] = collectives.transfer_time_us(
                 cls, size, np.nan_to_num(nbytes), params["coll_latency_us"],
-                params["coll_bandwidth_gbps"])
+                params["coll_bandwidth_gbps"],
+                small_latency_log_ratio=_small_latency(group).get(tier, 0.0))
     busy = xr.DataArray(mean_us, dims=("sample", "kernel"), coords={"kernel": names})
     busy = (busy * launches).sum("kernel")
     gap = (inventory["traced_step_time_us"] - busy).median("sample")
     return np.clip(gap.to_numpy().ravel(), 0.0, None)
+
+
+def _small_latency(group: xr.Dataset) -> dict:
+    """Tier -> (D,) fitted ρ of small messages (``coll_small_latency_log_ratio``; 0 in a tier
+    whose ρ the fit left out)."""
+    if "coll_small_latency_log_ratio" not in group:
+        return {}
+    da = group["coll_small_latency_log_ratio"].transpose("chain", "draw", "tier")
+    values = flat_draws(da)
+    return {str(t): values[:, i] for i, t in enumerate(da["tier"].to_numpy())}
 
 
 def collective_model_classes(posterior: xr.DataTree, group: xr.Dataset) -> set[str]:
@@ -392,6 +403,9 @@ class PosteriorArrays:
     log_median: dict  # kernel -> (D,)
     class_scale: dict  # (level, kernel class) -> (D,), levels of LEVELS and "resid"
     coll_cost: dict  # (variable, collective, tier) -> (D,)
+    # tier -> (D,) ρ, the log ratio of a small message's per-step latency (collectives); a
+    # tier without one (not fitted) costs small messages at the one latency
+    small_latency: dict
     fabric_exponent: np.ndarray | None  # (D,) γ of the inter-node bandwidth, None: not fitted
     # (rate, log slowdown), each (D,): a node's link is degraded in an allocation with
     # probability ``rate``, and inter-node transfers then move their bytes exp(slowdown) times
@@ -550,6 +564,7 @@ def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
         log_median=log_median,
         class_scale=class_scale,
         coll_cost=coll_cost,
+        small_latency=_small_latency(group),
         fabric_exponent=_fabric_exponent(posterior, group, bool(modelled)),
         degraded_link=_degraded_link(posterior, group, bool(modelled)),
         coll_spread=coll_spread,
@@ -1033,13 +1048,15 @@ def _comm_term(arrays: PosteriorArrays, spec: CommSpec, per_draw, typical: bool,
     elif tier == "inter" and arrays.fabric_exponent is not None:
         # rings over more nodes: bus bandwidth times (nodes / 2)^-γ (bayesprism.model.kernel)
         bandwidth = bandwidth * (max(spec.nodes, 2) / 2.0) ** -per_draw(arrays.fabric_exponent)
-    one = collectives.transfer_time_us(kind, size, nbytes, latency, bandwidth, spec.algorithm)
+    rho = per_draw(arrays.small_latency[tier]) if tier in arrays.small_latency else 0.0
+    one = collectives.transfer_time_us(kind, size, nbytes, latency, bandwidth, spec.algorithm,
+                                       rho)
     draws = one.shape[0]
     extra = None
     if tier == "inter" and arrays.degraded_link is not None and not typical:
         slowed = bandwidth * np.exp(-arrays.degraded_link[1])
         extra = count * (collectives.transfer_time_us(kind, size, nbytes, latency, slowed,
-                                                      spec.algorithm) - one)
+                                                      spec.algorithm, rho) - one)
 
     def scalar(name: str) -> np.ndarray:
         values = arrays.coll_spread.get((name, source))

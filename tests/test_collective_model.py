@@ -18,13 +18,13 @@ COLUMNS = ["run", "step", "rank", "node", "gpu", "kernel", "kernel_class", "dura
 
 def collective_table(sizes, *, latency, bandwidth, steps=8, launches=20, noise=0.02,
                      congestion=0.01, seed=0, run="job", kind="allreduce",
-                     gpus_per_node=8, fabric=0.0) -> pd.DataFrame:
+                     gpus_per_node=8, fabric=0.0, small_ratio=1.0) -> pd.DataFrame:
     """Transfers of one collective from the ring cost model with known parameters.
 
     ``sizes``: (group size, bytes) pairs; ``latency``/``bandwidth``: per tier (0 intra, 1 inter,
     a group larger than ``gpus_per_node`` is inter, its bandwidth times
-    ``(nodes / 2)^-fabric``). Each step shifts all transfers by one shared congestion draw;
-    each launch has lognormal noise.
+    ``(nodes / 2)^-fabric``; a small message's latency times ``small_ratio``). Each step
+    shifts all transfers by one shared congestion draw; each launch has lognormal noise.
     """
     rng = np.random.default_rng(seed)
     rows = []
@@ -34,7 +34,8 @@ def collective_table(sizes, *, latency, bandwidth, steps=8, launches=20, noise=0
             tier = int(p > gpus_per_node)
             nodes = max(2.0, np.ceil(p / gpus_per_node)) if tier else 2.0
             t_us = coll.transfer_time_us(kind, p, nbytes, latency[tier],
-                                         bandwidth[tier] * (nodes / 2.0) ** -fabric)
+                                         bandwidth[tier] * (nodes / 2.0) ** -fabric,
+                                         small_latency_log_ratio=np.log(small_ratio))
             for _ in range(launches):
                 t = t_us * np.exp(shift + noise * rng.standard_normal())
                 rows.append((run, step, 0, "n00", 0, f"nccl:{kind}", kind, t * 1.2, t,
@@ -137,6 +138,44 @@ def test_recovers_latency_and_bandwidth_of_both_tiers():
     r_hat, ess, divergences = _convergence(
         tree, ["coll_latency_us", "coll_bandwidth_gbps", "coll_noise", "coll_congestion"])
     assert r_hat <= 1.01 and ess >= 200 and divergences == 0
+
+
+def test_recovers_the_quicker_latency_steps_of_small_messages():
+    """Small messages (16 KiB, below collectives.SMALL_MESSAGE_BYTES) at 0.4x the per-step
+    latency of the large ones (1 MiB-1 GiB), as a traced tensor-parallel all-reduce beside
+    nccl-tests: ρ, latency and bandwidth recovered, and one mode (a shared latency made two,
+    each misfitting one size range)."""
+    truth_lat, truth_bw = (2.5, 6.0), (360.0, 40.0)
+    sizes = [(8, 16384.0)] + [(p, b) for p in (8, 16, 32) for b in (1 << 20, 1 << 24, 1 << 30)]
+    table = collective_table(sizes, latency=truth_lat, bandwidth=truth_bw, steps=12,
+                             launches=3, noise=0.03, congestion=0.02, seed=4, small_ratio=0.4,
+                             fabric=0.03)  # (γ = 0 sits on its prior's boundary)
+    spec = ModelSpec()
+    prepared = prepare([table], spec)
+    assert prepared.data["coll_cell_small"].sum() == 12  # the 16 KiB cells, one per step
+    tree = _sample(build(prepared, spec), seed=4)
+    post = tree.posterior
+    rho = post["coll_small_latency_log_ratio"]
+    assert float(rho.sel(tier="intra").mean()) == pytest.approx(np.log(0.4), abs=0.05)
+    assert float(rho.sel(tier="inter").std()) == 0.0  # no small inter-node messages: none
+    for t, tier in enumerate(coll.TIERS):
+        lat = post["coll_latency_us"].sel(collective="allreduce", tier=tier)
+        bw = post["coll_bandwidth_gbps"].sel(collective="allreduce", tier=tier)
+        assert float(lat.mean()) == pytest.approx(truth_lat[t], rel=0.1)
+        assert float(bw.mean()) == pytest.approx(truth_bw[t], rel=0.05)
+    r_hat, ess, divergences = _convergence(
+        tree, ["coll_small_latency_log_ratio", "coll_latency_us", "coll_bandwidth_gbps"])
+    assert r_hat <= 1.01 and ess >= 200 and divergences == 0
+
+
+def test_small_messages_share_the_latency_where_no_collective_shows_both_sizes():
+    """Only small messages of a collective: nothing tells their latency from a large one's, so
+    ρ is not fitted and the forecast costs both with the one fitted latency."""
+    table = collective_table([(8, 16384.0), (16, 32768.0)], latency=(1.0, 3.0),
+                             bandwidth=(300.0, 40.0))
+    spec = ModelSpec()
+    model = build(prepare([table], spec), spec)
+    assert "coll_small_latency_log_ratio" not in model.named_vars
 
 
 def test_recovers_how_inter_node_bandwidth_falls_with_the_nodes_spanned():
