@@ -135,6 +135,7 @@ from bayesprism.draws import StepDraws
 from bayesprism.errors import InputError, Problem
 from bayesprism.extremes import RankLaw, top_node_log_multipliers
 from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
+from bayesprism.population import episode_effect
 from bayesprism.schedules import Schedule, build_schedule, pipeline_finish
 from bayesprism.workload import (
     PlanModel,
@@ -344,7 +345,7 @@ def _transient(model: PlanModel, rng, rows, shape) -> np.ndarray:
     rho = rng.standard_normal(shape)
     if model.gpustep_slow is not None:  # episodes: a share of GPU-steps shifted and wider
         weight, shift, sd = (values[ix] for values in model.gpustep_slow)
-        z = np.where(rng.random(shape) < weight, shift + sd * z, z)
+        z = np.where(rng.random(shape) < weight, episode_effect(shift, sd, z), z)
     return model.loading["gpustep"][ix] * z + model.resid_mu[ix] + model.resid_sd[ix] * rho
 
 

@@ -24,7 +24,12 @@ from scipy import special
 from scipy.interpolate import CubicSpline
 
 from bayesprism.errors import InputError, Problem
-from bayesprism.population import mixture_sf, population_parameters, population_quantile
+from bayesprism.population import (
+    episode_tail_weight,
+    mixture_sf,
+    population_parameters,
+    population_quantile,
+)
 
 
 @dataclass(frozen=True)
@@ -45,12 +50,16 @@ class RankLaw:
         return int(self.node.shape[0])
 
     def transient_components(self, rows=slice(None)) -> list[tuple[np.ndarray, ...]]:
-        """Normal components (weight, mean, sd) of the transient ``lgs*z + rho`` per draw."""
+        """Normal components (weight, mean, sd) of the transient ``lgs*z + rho`` per draw; an
+        episode's with the upper tail of the truncated law (``population.episode_tail_weight``:
+        exact where maxima land)."""
         lgs, mu, rs = self.gpustep[rows], self.resid_mu[rows], self.resid_sd[rows]
         core = np.sqrt(lgs**2 + rs**2)
         if self.episode is None:
             return [(np.ones_like(mu), mu, core)]
         weight, shift, sd = (a[rows] for a in self.episode)
+        # the episode (truncated to slow) as the untruncated normal with its upper tail
+        weight = episode_tail_weight(weight, shift, sd)
         return [(1.0 - weight, mu, core),
                 (weight, mu + lgs * shift, np.sqrt((lgs * sd) ** 2 + rs**2))]
 

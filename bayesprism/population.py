@@ -150,6 +150,35 @@ def _sf(p: dict, x: np.ndarray) -> np.ndarray:
     return mixture_sf(*(_expand(p[k], x) for k in ("weight", "shift", "slow_sd")), x)
 
 
+def episode_effect(shift, sd, z) -> np.ndarray:
+    """A GPU×step episode's standardised effect from standard normal draws ``z``: N(shift,
+    sd²) truncated to > 0 (``bayesprism.model.kernel``: an episode slows its GPU-step), by
+    the inverse CDF, so a larger ``z`` gives a larger effect (arguments broadcast).
+
+    Examples
+    --------
+    >>> episode_effect(10.0, 1.0, np.array([-1.0, 0.0, 1.0])).round(6).tolist()
+    [9.0, 10.0, 11.0]
+    >>> round(float(episode_effect(1.0, 2.0, -40.0)), 9)  # the truncation point
+    0.0
+    """
+    upper = special.ndtr(-np.asarray(z, dtype=float)) * special.ndtr(np.divide(shift, sd))
+    return np.maximum(shift - sd * special.ndtri(upper), 0.0)
+
+
+def episode_tail_weight(weight, shift, sd) -> np.ndarray:
+    """Weight of an untruncated N(shift, sd²) component whose upper tail is the truncated
+    episode's (:func:`episode_effect`): ``weight / Φ(shift/sd)``, at most 1. The truncation
+    only removes the episode's lower tail, where no maximum lands.
+
+    Examples
+    --------
+    >>> float(episode_tail_weight(0.01, 0.0, 1.0))
+    0.02
+    """
+    return np.minimum(np.divide(weight, special.ndtr(np.divide(shift, sd))), 1.0)
+
+
 def mixture_sf(weight, shift, slow_sd, x) -> np.ndarray:
     """P(z > x) of z ~ (1 − w)·N(0, 1) + w·N(shift, slow_sd) (arguments broadcast)."""
     return (1.0 - weight) * special.ndtr(-x) + weight * special.ndtr((shift - x) / slow_sd)

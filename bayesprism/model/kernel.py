@@ -935,13 +935,18 @@ def _episode_marginal(core, a_gs, b_gs, scale_ref, spec: ModelSpec,
     """Log marginal of each GPU-step under the ``degraded`` GPU×step population.
 
     The standardised effect z of a GPU-step is N(0, 1) with probability 1 − w, else an
-    episode N(δ, τ²) (``gpustep_slow_weight``, ``gpustep_slow_shift`` and ``gpustep_slow_sd``,
-    in core sds; the shift and extra spread have half-normal priors on the reference class's
-    log scale, as the ``degraded`` unit population's). The cells of a GPU-step see
-    exp(a z − b z² / 2) (``a``, ``b``: the sums of the collapsed likelihood), so each component
-    integrates in closed form: E[exp(a z − b z²/2)] for z ~ N(δ, τ²) is
-    exp(L²/(2P) − δ²/(2τ²)) / (τ √P), P = 1/τ² + b, L = δ/τ² + a (``core`` is its δ = 0,
-    τ = 1 case). A GPU-step without launches (a = b = 0) adds 0.
+    episode N(δ, τ²) truncated to z > 0 (``gpustep_slow_weight``, ``gpustep_slow_shift`` and
+    ``gpustep_slow_sd``, in core sds; the shift and extra spread have half-normal priors on the
+    reference class's log scale, as the ``degraded`` unit population's). An episode slows its
+    GPU-step: untruncated, a wide one could also make it faster than the core allows, and a
+    GPU slow in two of three benchmark sessions then fitted as "a slow GPU with one fast
+    episode" as well as "a normal GPU with two slow ones" (dev fleet benchmark: chains in
+    each, R-hat 1.8 on that GPU's effect). The cells of a GPU-step see exp(a z − b z² / 2)
+    (``a``, ``b``: the sums of the collapsed likelihood), so each component integrates in
+    closed form: E[exp(a z − b z²/2)] for z ~ N(δ, τ²) truncated to z > 0 is
+    exp(L²/(2P) − δ²/(2τ²)) / (τ √P) · Φ(L/√P) / Φ(δ/τ), P = 1/τ² + b, L = δ/τ² + a
+    (``core`` is the untruncated δ = 0, τ = 1 case). A GPU-step without launches (a = b = 0)
+    adds 0.
     """
     import pymc as pm
     import pytensor.tensor as pt
@@ -970,8 +975,32 @@ def episode_log_marginal(core, a, b, weight, delta, tau, xp=np):
     precision = 1.0 / tau**2 + b
     linear = delta / tau**2 + a
     slow = (-xp.log(tau) - 0.5 * xp.log(precision) + linear**2 / (2.0 * precision)
-            - delta**2 / (2.0 * tau**2))
+            - delta**2 / (2.0 * tau**2)
+            + log_ndtr(linear / xp.sqrt(precision), xp) - log_ndtr(delta / tau, xp))
     return xp.logaddexp(xp.log1p(-weight) + core, xp.log(weight) + slow)
+
+
+def log_ndtr(x, xp=np):
+    """log Φ(x), the standard normal log CDF, stable in both tails, with the array module
+    ``xp`` (NumPy or PyTensor's ``tensor``, which has no ``log_ndtr``: the scaled
+    complementary error function keeps the lower tail, log Φ(x) = log(erfcx(−x/√2)/2) − x²/2).
+
+    Examples
+    --------
+    >>> round(float(log_ndtr(0.0)), 12) == round(float(np.log(0.5)), 12)
+    True
+    >>> round(float(log_ndtr(-40.0)), 3)
+    -804.608
+    """
+    if xp is np:
+        from scipy import special
+
+        return special.log_ndtr(x)
+    lower = xp.minimum(x, 0.0)
+    upper = xp.maximum(x, 0.0)
+    return xp.where(x < 0.0,
+                    xp.log(0.5 * xp.erfcx(-lower / np.sqrt(2.0))) - 0.5 * lower**2,
+                    xp.log1p(-0.5 * xp.erfc(upper / np.sqrt(2.0))))
 
 
 def _normal_logp(x, mu: float, sd: float):
