@@ -29,16 +29,16 @@ _API = {
     # plans, composition and forecasts
     "ParallelPlan": "bayesprism.plan",
     "Cluster": "bayesprism.plan",
-    "forecast": "bayesprism.forecast",
-    "summarize_forecast": "bayesprism.forecast",
-    "sensitivity": "bayesprism.sensitivity",
+    "forecast": "bayesprism.forecast.forecasting",
+    "summarize_forecast": "bayesprism.forecast.forecasting",
+    "sensitivity": "bayesprism.analysis.sensitivity",
     # diagnostics, reports, validation, decisions
-    "diagnose": "bayesprism.diagnostics",
-    "write_report": "bayesprism.report",
-    "validate": "bayesprism.validate",
-    "what_if": "bayesprism.analysis",
-    "Changes": "bayesprism.analysis",
-    "place": "bayesprism.analysis",
+    "diagnose": "bayesprism.checks.diagnostics",
+    "write_report": "bayesprism.report.html",
+    "validate": "bayesprism.checks.validate",
+    "what_if": "bayesprism.analysis.what_if",
+    "Changes": "bayesprism.analysis.what_if",
+    "place": "bayesprism.analysis.placement",
 }
 
 __all__ = ["__version__", *_API]

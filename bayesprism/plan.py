@@ -153,7 +153,7 @@ class ParallelPlan:
         expert ranks are carved out of the data-parallel ranks).
     microbatches
         Micro-batches per step per data-parallel rank (gradient-accumulation steps). The
-        micro-batch size is the traced run's (see ``bayesprism.composition``).
+        micro-batch size is the traced run's (see ``bayesprism.forecast.composition``).
     virtual_stages
         Model chunks per pipeline rank; only with ``schedule="interleaved-1f1b"``.
     schedule
@@ -183,7 +183,7 @@ class ParallelPlan:
         Step-level forecasts scale per-micro-batch work with it (optional).
     nodes_per_leaf
         Nodes under one leaf switch (or scalable unit) of the fabric: step-level forecasts add
-        a cost tier when a gradient group spans more (``bayesprism.stepscale``; optional).
+        a cost tier when a gradient group spans more (``bayesprism.forecast.stepscale``; optional).
     source
         Where the plan came from (file path), used in error messages.
     """

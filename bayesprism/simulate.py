@@ -18,7 +18,7 @@ back to back on one compute stream, separated by launch gaps. A collective *star
 when that rank arrives* (its previous kernel ended) and *ends on every rank at the latest arrival
 plus the transfer time*, so ranks that arrive early wait inside the NCCL kernel exactly as in real
 traces; the compute stream resumes when the collective ends. The transfer follows the ring cost
-model of :mod:`bayesprism.collectives` (inter-node tier when the group spans nodes) times
+model of :mod:`bayesprism.costs.collectives` (inter-node tier when the group spans nodes) times
 ``exp(congestion_s + noise)``: a per-step congestion effect shared by every call of that
 collective class in the step, and lognormal noise per call.
 
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bayesprism.collectives import transfer_time_us
+from bayesprism.costs.collectives import transfer_time_us
 from bayesprism.errors import InputError, Problem
 from bayesprism.ingest.classify import normalize_kernel_name
 

@@ -22,7 +22,7 @@ KINDS: tuple[str, ...] = ("kernel", "step")
 LIKELIHOODS: tuple[str, ...] = ("lognormal", "student_t", "mixture")
 #: Likelihoods without sufficient statistics: fitted on rows (one term per launch).
 ROW_LIKELIHOODS: tuple[str, ...] = ("student_t", "mixture")
-#: Population families of standardised unit effects (see ``bayesprism.population``).
+#: Population families of standardised unit effects (see ``bayesprism.forecast.population``).
 POPULATIONS: tuple[str, ...] = ("normal", "student_t", "mixture", "degraded")
 #: Families of GPU×step (transient) effects: ``degraded`` adds episodes, GPU-steps slowed by a
 #: shift and spread of their own (thermal or power throttling), marginalised in closed form.
@@ -109,7 +109,8 @@ class ModelSpec:
         ``"centred"``, ``"noncentred"`` or ``"auto"`` (per level, centred when its units have
         at least ``dense_launches`` launches each on average).
     collective_model
-        ``"ring"`` (cost model of ``bayesprism.collectives`` on ``transfer_us``) or ``"none"``.
+        ``"ring"`` (cost model of ``bayesprism.costs.collectives`` on ``transfer_us``) or
+        ``"none"``.
     step_noise
         Steps differ in how noisy they are, not only in level (warm-up repeats, interference):
         the residual sd of every launch of step s (the core's, for ``mixture``) is scaled by

@@ -13,7 +13,7 @@ from posterior_builders import GEMM_SPREAD, gemm_only
 
 from bayesprism.cli import forecast as cli_forecast
 from bayesprism.errors import InputError
-from bayesprism.forecast import SIMULATED_STEPS_MAX, forecast, summarize_forecast
+from bayesprism.forecast.forecasting import SIMULATED_STEPS_MAX, forecast, summarize_forecast
 from bayesprism.plan import ParallelPlan, PlanWarning
 
 STEP_KEYS = {"mean", "p05", "p25", "p50", "p75", "p95", "p99", "ci90"}

@@ -8,9 +8,9 @@ import pytest
 from PIL import Image
 from posterior_builders import forecast_tree, truth_posterior
 
-from bayesprism import plots
-from bayesprism.diagnostics import diagnose, worst_draws
-from bayesprism.report import forecast_summary
+from bayesprism.checks.diagnostics import diagnose, worst_draws
+from bayesprism.report import plots
+from bayesprism.report.html import forecast_summary
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 import xarray as xr
 from scipy import stats
 
-from bayesprism.population import (
+from bayesprism.forecast.population import (
     draw_effects,
     draw_max_effects,
     max_quantile,

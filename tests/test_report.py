@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from posterior_builders import forecast_tree, truth_posterior
 
+from bayesprism.checks.diagnostics import diagnose
 from bayesprism.cli.main import main
-from bayesprism.diagnostics import diagnose
-from bayesprism.report import data_summary, fmt_p, fmt_s, forecast_summary
-from bayesprism.report import write_report as write
+from bayesprism.report.html import data_summary, fmt_p, fmt_s, forecast_summary
+from bayesprism.report.html import write_report as write
 
 SENSITIVITY = {
     "contributions": [
@@ -217,7 +217,7 @@ def test_the_answer_opens_the_report_then_data_then_diagnostics(html, inputs):
 
 
 def test_single_plan_report_draws_the_answer_without_a_gpu_axis(inputs, tmp_path):
-    from bayesprism.plots import png_title
+    from bayesprism.report.plots import png_title
 
     fit, forecast, diagnosis = inputs
     one = forecast.to_dataset().isel(plan=[0])
@@ -227,7 +227,7 @@ def test_single_plan_report_draws_the_answer_without_a_gpu_axis(inputs, tmp_path
     answer = html[html.index("id='answer'"):html.index("id='data'")]
     assert answer.count("data:image/png;base64,") == 1
     assert html.count("data:image/png;base64,") == 8
-    from bayesprism import plots
+    from bayesprism.report import plots
 
     summary = forecast_summary(one)
     path = plots.plot_answer(summary, tmp_path / "answer.png")

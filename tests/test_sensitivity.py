@@ -7,10 +7,10 @@ import pytest
 import xarray as xr
 from posterior_builders import analysis_plan, analysis_posterior
 
+from bayesprism.analysis.sensitivity import REMOVED, sensitivity, sources_of, thin_draws
 from bayesprism.cli.sensitivity import format_table
 from bayesprism.errors import InputError
-from bayesprism.sensitivity import REMOVED, sensitivity, sources_of, thin_draws
-from bayesprism.workload import residual_moments
+from bayesprism.forecast.workload import residual_moments
 
 pytestmark = pytest.mark.filterwarnings("ignore::bayesprism.plan.PlanWarning")
 
@@ -240,7 +240,7 @@ def test_degraded_links_are_a_source_with_their_cost():
     # all-reduce 3x slower in bandwidth: removing the source takes exactly that time off
     from posterior_builders import kernel_posterior
 
-    from bayesprism import collectives
+    from bayesprism.costs import collectives
     from bayesprism.plan import ParallelPlan
 
     kernels = {"g": {"class": "gemm", "launches": 1.0, "log_median": np.log(1000.0)},

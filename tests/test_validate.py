@@ -10,12 +10,9 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from bayesprism.baselines import degenerate_posterior, step_baseline_draws, step_slots
-from bayesprism.cli.main import main
-from bayesprism.errors import InputError
-from bayesprism.metrics import METRICS
-from bayesprism.schema import validate_table, write_table
-from bayesprism.validate import (
+from bayesprism.checks.baselines import degenerate_posterior, step_baseline_draws, step_slots
+from bayesprism.checks.metrics import METRICS
+from bayesprism.checks.validate import (
     plot_pit_histogram,
     predict_heldout,
     predict_rows,
@@ -25,6 +22,9 @@ from bayesprism.validate import (
     split_table,
     validate,
 )
+from bayesprism.cli.main import main
+from bayesprism.errors import InputError
+from bayesprism.schema import validate_table, write_table
 
 KERNEL_MEDIANS_US = {"gemm_a": 100.0, "gemm_b": 400.0, "add": 20.0}
 KERNEL_CLASSES = {"gemm_a": "gemm", "gemm_b": "gemm", "add": "elementwise"}

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from posterior_builders import analysis_plan, analysis_posterior
 
-from bayesprism.analysis import Changes, what_if
-from bayesprism.collectives import transfer_time_us
-from bayesprism.composition import compose
+from bayesprism.analysis.what_if import Changes, what_if
+from bayesprism.costs.collectives import transfer_time_us
 from bayesprism.errors import InputError
+from bayesprism.forecast.composition import compose
 from bayesprism.plan import Cluster
 
 pytestmark = pytest.mark.filterwarnings("ignore::bayesprism.plan.PlanWarning")

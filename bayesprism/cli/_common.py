@@ -253,7 +253,7 @@ def parse_number_list(text: str, option: str, *, lowest: float, exclusive: bool 
 
 
 # duration_unit, format_duration, format_interval: shared with the report (a lower layer)
-from bayesprism.report_sections import (  # noqa: E402
+from bayesprism.report.sections import (  # noqa: E402
     duration_unit,
     format_duration,
     format_interval,

@@ -83,7 +83,7 @@ def _write_json(path: Path, obj) -> Path:
 
 def run(args) -> int:
     import bayesprism as bp
-    from bayesprism.forecast import summarize_forecast
+    from bayesprism.forecast.forecasting import summarize_forecast
     from bayesprism.plan import ParallelPlan
 
     out: Path = args.output

@@ -71,7 +71,7 @@ def variance_components(tree) -> dict:
     Kernel posteriors give ``node``, ``gpu``, ``step``, ``residual`` (None when the level was not
     fitted) and ``gpustep`` when fitted; step posteriors give one class ``step`` with ``run``,
     ``rank``, ``slot``, ``step`` (and ``config`` when fitted). The residual's σ is its log sd
-    (:func:`bayesprism.diagnostics.residual_log_sd`).
+    (:func:`bayesprism.checks.diagnostics.residual_log_sd`).
     """
     posterior = tree["posterior"].to_dataset()
     if tree.attrs.get("model_kind") == "step":
@@ -79,7 +79,7 @@ def variance_components(tree) -> dict:
                          STEP_LEVELS.items() if name in posterior}}
     if "resid_scale" in posterior:
         # a two-component residual's log sd includes its slow launches
-        from bayesprism.diagnostics import residual_log_sd
+        from bayesprism.checks.diagnostics import residual_log_sd
 
         posterior["resid_scale"] = residual_log_sd(posterior)
     classes = []

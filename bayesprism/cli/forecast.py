@@ -251,9 +251,9 @@ def baseline_step_time(text: str, posterior, source: str = "posterior"
     ------
     InputError
         Not ``ideal``, ``traced`` or a duration; ``traced`` on a posterior without a measured
-        step (see :func:`bayesprism.forecast.traced_step_time_s`).
+        step (see :func:`bayesprism.forecast.forecasting.traced_step_time_s`).
     """
-    from bayesprism.forecast import traced_step_time_s
+    from bayesprism.forecast.forecasting import traced_step_time_s
 
     choice = text.strip().lower()
     if choice == "ideal":
@@ -311,7 +311,7 @@ def training_steps(args: argparse.Namespace) -> int | None:
 
 
 def run(args) -> int:
-    from bayesprism.forecast import forecast, summarize_forecast
+    from bayesprism.forecast.forecasting import forecast, summarize_forecast
     from bayesprism.io import load, save
 
     check_counts(("--steps", args.steps, 1, None), ("--draws", args.draws, 1, None),

@@ -77,7 +77,7 @@ def _interval(ci) -> str:
 
 
 def run(args) -> int:
-    from bayesprism.sensitivity import sensitivity
+    from bayesprism.analysis.sensitivity import sensitivity
 
     posterior, plan, cluster = load_inputs(args)
     result = sensitivity(

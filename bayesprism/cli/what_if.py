@@ -93,7 +93,7 @@ def build_changes(args: argparse.Namespace) -> dict:
 
 
 def run(args) -> int:
-    from bayesprism.analysis import what_if
+    from bayesprism.analysis.what_if import what_if
 
     changes = build_changes(args)
     posterior, plan, cluster = load_inputs(args)

@@ -21,7 +21,7 @@ What is read, and how (DESIGN §4):
 * NCCL kernels (``ncclKernel_*``, ``ncclDevKernel_*``): class from ``args["Collective name"]``
   when present, else from the kernel name; ``bytes`` = max(``In msg nelems``,
   ``Out msg nelems``) × dtype size (the full buffer, the convention of
-  :mod:`bayesprism.collectives`); ``group_size`` from ``Group size``; ``process_group`` from
+  :mod:`bayesprism.costs.collectives`); ``group_size`` from ``Group size``; ``process_group`` from
   ``Process Group Name``; ``dtype`` from ``args["dtype"]`` or the kernel name;
 * kernels with a missing, zero or negative duration, or without a timestamp, are counted as
   skipped (reason ``"kernel with missing (NaN) duration"`` / ``"kernel with zero or negative

@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 from scipy.linalg import helmert
 
-from bayesprism import collectives as coll
+from bayesprism.costs import collectives as coll
 from bayesprism.errors import InputError, Problem
 from bayesprism.model import PreparedData
 from bayesprism.model.cells import aggregate_cells

@@ -37,7 +37,7 @@ micro-batch count (MLPerf GPT-3 at 512 and 768 GPUs) still gets a bubble of the 
 with ``read_traces(..., layout={"virtual_stages": v})`` when the logs lack it).
 
 Exposed data-parallel communication is a ring all-reduce of the gradients
-(:mod:`bayesprism.collectives`): ``comm_latency`` per ring step (2 (p - 1) steps) plus a
+(:mod:`bayesprism.costs.collectives`): ``comm_latency`` per ring step (2 (p - 1) steps) plus a
 bandwidth term 2 (p - 1) / p times the relative gradient bytes per rank
 ``B_r = (tp * pp)_ref / (tp * pp)``, at ``comm_intra`` while the group stays in one node
 (``tp * cp * dp <= gpus_per_node``, Megatron rank order) and ``comm_inter`` once it leaves it.
@@ -633,7 +633,7 @@ def comm_terms(dp_group, tp, pp, tp_cp_dp, gpus_per_node, reference_tp_pp):
         bandwidth factor 2 (p - 1) / p times the relative gradient bytes, on the tier the group
         uses, 0 on the other tier).
     """
-    from bayesprism.collectives import bandwidth_factor, latency_steps, tier_of
+    from bayesprism.costs.collectives import bandwidth_factor, latency_steps, tier_of
 
     p = np.asarray(dp_group, dtype=float)
     relative_bytes = float(reference_tp_pp) / (np.asarray(tp, dtype=float)

@@ -1,10 +1,10 @@
 """Figures of diagnostics and forecasts (matplotlib / ArviZ 1.x, headless).
 
-Plotting code draws values computed elsewhere (``bayesprism.diagnostics``, the forecast
-summary of ``bayesprism.forecast``, ``bayesprism.analysis``); it computes no statistics. Every
-function takes the values and an output path, saves one PNG and returns its path. The figure's
-title is also written into the PNG's ``Title`` metadata, so a reader (or a test) can tell which
-figure a file holds.
+Plotting code draws values computed elsewhere (``bayesprism.checks.diagnostics``, the forecast
+summary of ``bayesprism.forecast.forecasting``, ``bayesprism.analysis.what_if``); it computes no
+statistics. Every function takes the values and an output path, saves one PNG and returns its
+path. The figure's title is also written into the PNG's ``Title`` metadata, so a reader (or a
+test) can tell which figure a file holds.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def plot_trace(
     ----------
     draws
         DataTree with a ``posterior`` group of (chain, draw) variables, typically
-        ``bayesprism.diagnostics.worst_draws(posterior, report)``.
+        ``bayesprism.checks.diagnostics.worst_draws(posterior, report)``.
     path
         Output PNG.
     """
@@ -344,7 +344,7 @@ def plot_forecast_fan(
 
 def _time_axis(values: Sequence[float]) -> tuple[str, float]:
     """Unit (and its size in s) of a time axis, from the largest value it shows."""
-    from bayesprism.report_sections import duration_unit
+    from bayesprism.report.sections import duration_unit
 
     finite = [v for v in values if v is not None and np.isfinite(v)]
     return duration_unit(max(finite)) if finite else ("s", 1.0)

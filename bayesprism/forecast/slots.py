@@ -1,6 +1,6 @@
 """Plan geometry and measured-node lists: which ranks a node slot runs, node rankings, draining.
 
-Ranks map to node slots as in Megatron-LM (and ``bayesprism.composition``): tensor-parallel
+Ranks map to node slots as in Megatron-LM (and ``bayesprism.forecast.composition``): tensor-parallel
 rank fastest, then context-parallel, data-parallel, pipeline stage
 (``rank = tp_rank + tp·(cp_rank + cp·(dp_rank + dp·stage))``); node slot ``j`` holds ranks
 ``j·G … (j+1)·G − 1`` for G GPUs per node, and runs on the j-th node of the cluster's node list
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
+from bayesprism.analysis.sensitivity import posterior_group
 from bayesprism.errors import InputError, PlanError, Problem
-from bayesprism.sensitivity import posterior_group
 
 # --------------------------------------------------------------------------- plan geometry
 

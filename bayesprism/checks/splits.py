@@ -1,5 +1,5 @@
 """Held-out splits of a trace table, and joining tables (DESIGN §2.8; used by
-:mod:`bayesprism.validate`, which re-exports :func:`split_table` and :func:`concat_tables`).
+:mod:`bayesprism.checks.validate`, which re-exports :func:`split_table` and :func:`concat_tables`).
 
 ``nodes`` / ``gpus`` / ``ranks``
     Fit some nodes (GPUs ``"<node>/<gpu>"``, global ranks) and predict the held-out ones as

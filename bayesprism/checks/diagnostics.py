@@ -2,7 +2,7 @@
 
 ``diagnose(posterior)`` answers one question: can the fit be trusted? It collects R-hat, bulk
 and tail ESS (ArviZ), divergences and BFMI, and runs the posterior predictive checks of
-``bayesprism.predictive_checks`` against the traced run (cell durations per kernel class, and
+``bayesprism.checks.predictive_checks`` against the traced run (cell durations per kernel class, and
 the traced step time when the composition is available). It also prepares the tidy tables the
 plots and the report draw (variance components, unit effects, worst-mixing draws), so that
 plotting code computes nothing.
@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from bayesprism.predictive_checks import cell_predictive_check, step_time_check
-from bayesprism.workload import RESID_SLOW_VARS
+from bayesprism.checks.predictive_checks import cell_predictive_check, step_time_check
+from bayesprism.forecast.workload import RESID_SLOW_VARS
 
 SAMPLE_DIMS = ("chain", "draw")
 #: Levels of the kernel model with a per-class loading ``{level}_scale``; order used in tables.

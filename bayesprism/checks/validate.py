@@ -1,15 +1,16 @@
 """Held-out validation: split a trace table, predict the held-out part, score it (DESIGN §2.8).
 
 Splits (``nodes``, ``gpus``, ``ranks``, ``steps``, ``scale``): :func:`split_table`, defined in
-:mod:`bayesprism.splits` and re-exported here.
+:mod:`bayesprism.checks.splits` and re-exported here.
 
 Predictions (:func:`predict_heldout`): for kernel-level posteriors every held-out row (one
 kernel launch, or one benchmark run on one GPU) is simulated in its own context
-(:func:`bayesprism.row_predictive.predict_rows`, re-exported here). For step-level
-posteriors the step time of every held-out layout is forecast with ``bayesprism.forecast`` at
-the logged layout of the run.
-Scores are those of :mod:`bayesprism.metrics`; baselines are in :mod:`bayesprism.baselines`;
-the splits and table concatenation live in :mod:`bayesprism.splits` (re-exported here).
+(:func:`bayesprism.checks.row_predictive.predict_rows`, re-exported here). For step-level
+posteriors the step time of every held-out layout is forecast with
+``bayesprism.forecast.forecasting`` at the logged layout of the run.
+Scores are those of :mod:`bayesprism.checks.metrics`; baselines are in
+:mod:`bayesprism.checks.baselines`; the splits and table concatenation live in
+:mod:`bayesprism.checks.splits` (re-exported here).
 """
 
 from __future__ import annotations
@@ -22,20 +23,20 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from bayesprism import metrics
-from bayesprism.baselines import (
+from bayesprism.checks import metrics
+from bayesprism.checks.baselines import (
     BASELINES,
     degenerate_posterior,
     run_layouts,
     step_baseline_draws,
     timed_steps,
 )
-from bayesprism.collectives import launch_work_us
+from bayesprism.checks.row_predictive import predict_rows
+from bayesprism.checks.splits import SPLITS, concat_tables, split_table
+from bayesprism.costs.collectives import launch_work_us
 from bayesprism.errors import InputError, Problem
 from bayesprism.inventory import is_step_table, recorded_traced_plan
 from bayesprism.model.rows import timer_resolution
-from bayesprism.row_predictive import predict_rows
-from bayesprism.splits import SPLITS, concat_tables, split_table
 
 __all__ = [
     "METHODS", "SPLITS", "HeldoutPrediction", "concat_tables", "fit_bayesprism",
@@ -59,7 +60,7 @@ class HeldoutPrediction:
     shape ``(n_draws, n_rows)`` (column j predicts row j); for step tables one pair per held-out
     layout with 1-D draws. ``skipped`` counts observations that could not be scored, by reason;
     ``on_transfer`` those scored on their transfer part (collective launches whose waiting for
-    peers was split off at ingest, :func:`bayesprism.collectives.launch_work_us`).
+    peers was split off at ingest, :func:`bayesprism.costs.collectives.launch_work_us`).
     """
 
     groups: list[tuple[np.ndarray, np.ndarray]]
@@ -72,7 +73,7 @@ class HeldoutPrediction:
         return int(sum(np.size(obs) for _, obs in self.groups))
 
     def scores(self, rng: np.random.Generator) -> dict[str, float]:
-        """Metrics of :mod:`bayesprism.metrics` over all groups."""
+        """Metrics of :mod:`bayesprism.checks.metrics` over all groups."""
         if len(self.groups) == 1:
             return metrics.score(*self.groups[0])
         return metrics.score_groups(self.groups, rng)
@@ -113,7 +114,7 @@ def predict_step_layouts(
     keys = sorted(by_layout)
     groups = []
     if method == "bayesprism":
-        from bayesprism.forecast import forecast
+        from bayesprism.forecast.forecasting import forecast
         from bayesprism.plan import plan_from_run
 
         plans = [plan_from_run(metas.get(by_layout[k][0], {}), run=by_layout[k][0])
@@ -187,12 +188,12 @@ def predict_rank_step_times(
 ) -> HeldoutPrediction:
     """Forecast step time (s) of the traced plan against the held-out ranks' step times.
 
-    The forecast is ``bayesprism.forecast`` of the posterior (bayesprism or a degenerate
+    The forecast is ``bayesprism.forecast.forecasting`` of the posterior (bayesprism or a degenerate
     baseline with the same ``inventory``) at the traced plan; the observations are
     :func:`rank_step_times` of the held-out ranks (from the step's start on their node when
     ``others``, the fitted ranks of the same trace, are given).
     """
-    from bayesprism.forecast import forecast
+    from bayesprism.forecast.forecasting import forecast
 
     fc = forecast(
         posterior, [traced_plan(posterior)], draws=draws, random_seed=seed, progress=False
@@ -320,7 +321,7 @@ def validate(
     Returns
     -------
     pandas.DataFrame
-        Index ``method``; columns :data:`bayesprism.metrics.METRICS` plus ``n_observed``.
+        Index ``method``; columns :data:`bayesprism.checks.metrics.METRICS` plus ``n_observed``.
         ``attrs`` hold ``pit`` (method → PIT values), ``skipped`` (method → reason → count),
         ``on_transfer`` (collective launches scored on their transfer part),
         ``unit`` and ``split``.
@@ -474,7 +475,7 @@ def plot_pit_histogram(
 ):
     """Histogram of PIT values per method (flat = calibrated), written to ``path``.
 
-    Lives here until ``bayesprism.plots`` has a PIT figure; it draws only what it is given.
+    Lives here until ``bayesprism.report.plots`` has a PIT figure; it draws only what it is given.
     """
     import matplotlib
 

@@ -5,7 +5,7 @@ Two checks, NumPy only (no PyMC graph is built):
 * **cells** — per kernel class, the observed mean log duration of every cell (kernel × GPU ×
   step) against its posterior predictive distribution;
 * **step time** — the traced step time (slowest rank per step) against the composition
-  (``bayesprism.composition.compose``) of the traced plan on the traced nodes.
+  (``bayesprism.forecast.composition.compose``) of the traced plan on the traced nodes.
 
 Cell statistics are read from ``constant_data``/``observed_data`` as the kernel model writes
 them: ``cell_kernel`` (position in the ``kernel`` coordinate), ``cell_n`` (launches),
@@ -27,8 +27,8 @@ import numpy as np
 import xarray as xr
 from scipy import stats
 
+from bayesprism.forecast.workload import RESID_SLOW_VARS, has_resid_slow, stretched_slow_sd
 from bayesprism.inventory import recorded_traced_plan
-from bayesprism.workload import RESID_SLOW_VARS, has_resid_slow, stretched_slow_sd
 
 SAMPLE_DIMS = ("chain", "draw")
 
@@ -286,7 +286,7 @@ def step_time_check(
     ):
         return None, ["step-time check skipped: the inventory has no traced_step_time_us"]
     try:
-        from bayesprism.composition import compose
+        from bayesprism.forecast.composition import compose
         from bayesprism.plan import Cluster, ParallelPlan
     except ImportError as exc:
         return None, [f"step-time check skipped: composition not available ({exc})"]

@@ -21,7 +21,7 @@ import numpy as np
 import xarray as xr
 
 from bayesprism.inventory import recorded_traced_plan
-from bayesprism.report_sections import (
+from bayesprism.report.sections import (
     CSS,
     esc,
     fmt_p,
@@ -102,8 +102,9 @@ def data_summary(posterior: xr.DataTree) -> dict:
 
 
 def forecast_summary(forecast: xr.DataTree) -> dict:
-    """The forecast's plain-number summary (:func:`bayesprism.forecast.summarize_forecast`)."""
-    from bayesprism.forecast import summarize_forecast
+    """The forecast's plain-number summary
+    (:func:`bayesprism.forecast.forecasting.summarize_forecast`)."""
+    from bayesprism.forecast.forecasting import summarize_forecast
 
     return summarize_forecast(forecast)
 
@@ -111,8 +112,8 @@ def forecast_summary(forecast: xr.DataTree) -> dict:
 # ---------------------------------------------------------------------------------- the report
 def _figures(posterior, diagnosis, summary, workdir: Path) -> dict[str, Path]:
     """Draw every figure the report shows into ``workdir``."""
-    from bayesprism import plots
-    from bayesprism.diagnostics import worst_draws
+    from bayesprism.checks.diagnostics import worst_draws
+    from bayesprism.report import plots
 
     out: dict[str, Path] = {}
     jobs: list[tuple[str, Callable[[], Path]]] = []
@@ -201,7 +202,7 @@ def write_report(
         The written file.
     """
     if diagnosis is None:
-        from bayesprism.diagnostics import diagnose
+        from bayesprism.checks.diagnostics import diagnose
 
         diagnosis = diagnose(posterior)
     summary = None

@@ -48,8 +48,8 @@ import numpy as np
 import xarray as xr
 from scipy import special
 
-from bayesprism.draws import StepDraws
 from bayesprism.errors import InputError, Problem
+from bayesprism.forecast.draws import StepDraws
 
 PARAMETERS: tuple[str, ...] = (
     "mb_log_median", "work_exponent", "bubble_efficiency", "rank_sigma", "comm_latency",

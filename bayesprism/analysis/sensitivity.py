@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from bayesprism.draws import StepDraws
 from bayesprism.errors import InputError, Problem
+from bayesprism.forecast.draws import StepDraws
 
 #: Slowdown thresholds reported by default: P(step time > (1 + x) × ideal step time).
 THRESHOLDS: tuple[float, ...] = (0.05, 0.10)
@@ -50,7 +50,7 @@ RESID_SLOW_WEIGHT = "resid_slow_weight"
 COLLECTIVE_SPREAD: tuple[str, ...] = ("coll_noise", "coll_congestion")
 #: The host-idle source (factor, level): each rank's GPU idle time before a synchronisation
 #: (host work, launch gaps), learned from the inventory's ``traced_idle_us``
-#: (``bayesprism.workload.fit_idle_law``); often the largest part of a host-bound step.
+#: (``bayesprism.forecast.workload.fit_idle_law``); often the largest part of a host-bound step.
 HOST_IDLE = ("host", "idle")
 #: The degraded-link source (factor, level) and its variable: the chance per node that an
 #: allocation's inter-node link is degraded (halved: half the rate; removed: never).
@@ -145,14 +145,14 @@ def compose_with_seed(
     arrays=None,
 ) -> StepDraws:
     """Compose ``plan`` with a fresh generator seeded by ``random_seed`` (common random numbers);
-    ``arrays``: the posterior's ``bayesprism.workload.posterior_arrays``, when the caller
+    ``arrays``: the posterior's ``bayesprism.forecast.workload.posterior_arrays``, when the caller
     composes it many times.
 
     Counterfactual analyses compose the same plan dozens of times: the warnings of each
     composition are re-issued from this one place, so the default warnings filter shows each
     distinct message once rather than once per composition.
     """
-    from bayesprism.composition import compose
+    from bayesprism.forecast.composition import compose
 
     rng = np.random.default_rng(random_seed)
     with warnings.catch_warnings(record=True) as caught:

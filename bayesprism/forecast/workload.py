@@ -83,7 +83,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import xarray as xr
 
-from bayesprism import collectives
+from bayesprism.costs import collectives
 from bayesprism.errors import InputError, Problem
 from bayesprism.inventory import recorded_traced_plan
 from bayesprism.plan import Cluster, ParallelPlan, PlanWarning

@@ -1,4 +1,4 @@
-"""Baselines scored next to bayesprism on the same held-out data (``bayesprism.validate``).
+"""Baselines scored next to bayesprism on the same held-out data (``bayesprism.checks.validate``).
 
 ``pooled``
     The approach of PRISM (arXiv 2510.15596): each kernel's duration is a lognormal fitted by
@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from bayesprism.collectives import launch_work_us
+from bayesprism.costs.collectives import launch_work_us
 from bayesprism.errors import InputError, Problem
 
 BASELINES: tuple[str, ...] = ("pooled", "deterministic")

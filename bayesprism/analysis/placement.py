@@ -43,8 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from bayesprism.errors import InputError, Problem
-from bayesprism.sensitivity import (
+from bayesprism.analysis.sensitivity import (
     PerDraw,
     check_kernel_posterior,
     compose_with_seed,
@@ -53,7 +52,8 @@ from bayesprism.sensitivity import (
     thin_draws,
     with_posterior_group,
 )
-from bayesprism.slots import (
+from bayesprism.errors import InputError, Problem
+from bayesprism.forecast.slots import (
     Slot,
     cluster_nodes,
     degree,
@@ -65,7 +65,7 @@ from bayesprism.slots import (
     with_nodes,
     world_size,
 )
-from bayesprism.workload import posterior_arrays
+from bayesprism.forecast.workload import posterior_arrays
 
 OBJECTIVES = ("mean", "p95")
 #: Relative improvement a swap must bring to be accepted: smaller ones are mostly Monte-Carlo

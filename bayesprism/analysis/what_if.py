@@ -1,10 +1,10 @@
 """What to fix and where to place: sensitivity, what-if forecasts and node placement.
 
-``sensitivity`` lives in :mod:`bayesprism.sensitivity` and ``place`` in
-:mod:`bayesprism.placement`; both are re-exported here. ``what_if`` is defined here: it applies
-a set of :class:`Changes` to the posterior, the plan and the cluster, and recomposes with the
-same posterior draws and seed as the base forecast (common random numbers), so the reported
-deltas are precise even when they are small.
+``sensitivity`` lives in :mod:`bayesprism.analysis.sensitivity` and ``place`` in
+:mod:`bayesprism.analysis.placement`; both are re-exported here. ``what_if`` is defined here: it
+applies a set of :class:`Changes` to the posterior, the plan and the cluster, and recomposes
+with the same posterior draws and seed as the base forecast (common random numbers), so the
+reported deltas are precise even when they are small.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import xarray as xr
 
-from bayesprism.errors import InputError, Problem
-from bayesprism.placement import place
-from bayesprism.sensitivity import (
+from bayesprism.analysis.placement import place
+from bayesprism.analysis.sensitivity import (
     THRESHOLDS,
     PerDraw,
     check_kernel_posterior,
@@ -34,8 +33,9 @@ from bayesprism.sensitivity import (
     threshold_key,
     with_posterior_group,
 )
-from bayesprism.slots import cluster_nodes, drained_cluster, rank_nodes, with_nodes
-from bayesprism.workload import collective_model_classes
+from bayesprism.errors import InputError, Problem
+from bayesprism.forecast.slots import cluster_nodes, drained_cluster, rank_nodes, with_nodes
+from bayesprism.forecast.workload import collective_model_classes
 
 __all__ = ["Changes", "place", "sensitivity", "what_if"]
 
@@ -64,7 +64,7 @@ class Changes:
         measured node of the posterior, in its order; base and changed forecasts both use it).
         If the remaining nodes still hold the plan, it is unchanged (spares absorb the loss);
         otherwise dp shrinks and micro-batches grow to keep the global batch, see
-        :func:`bayesprism.placement.drained_cluster`.
+        :func:`bayesprism.analysis.placement.drained_cluster`.
     schedule
         Pipeline schedule replacing the plan's (``"1f1b"``, ``"zero-bubble"``, ...).
     microbatches
@@ -243,7 +243,7 @@ def what_if(
         "bandwidth": {"allreduce": 2.0}, "latency": {"allreduce/inter": 0.5}, "drain": 2,
         "schedule": "zero-bubble", "microbatches": 64}``. All changes are applied together.
     draws, replicates, random_seed, cluster, thresholds
-        As in :func:`bayesprism.sensitivity.sensitivity`; both forecasts use the same draws
+        As in :func:`bayesprism.analysis.sensitivity.sensitivity`; both forecasts use the same draws
         and seed (common random numbers).
 
     Returns

@@ -41,8 +41,8 @@ from collections.abc import Sequence
 import numpy as np
 import xarray as xr
 
-from bayesprism.draws import StepDraws
 from bayesprism.errors import InputError, Problem
+from bayesprism.forecast.draws import StepDraws
 from bayesprism.io import ARTIFACT_SCHEMA_VERSION
 from bayesprism.plan import Cluster, ParallelPlan
 
@@ -158,7 +158,7 @@ def training_time_draws(
 
 
 def _thin(posterior: xr.DataTree, draws: int | None) -> xr.DataTree:
-    from bayesprism.sensitivity import thin_draws
+    from bayesprism.analysis.sensitivity import thin_draws
 
     return thin_draws(posterior, draws)
 
@@ -214,7 +214,7 @@ def forecast(
         Root dataset with dims ``plan``, ``draw``, ``replicate`` (and ``threshold``,
         ``deadline``); plan fields are coordinates on ``plan``.
     """
-    from bayesprism.composition import compose
+    from bayesprism.forecast.composition import compose
 
     plans = _as_plans(plans)
     if not (isinstance(replicates, int) and replicates >= 1):
@@ -238,7 +238,7 @@ def forecast(
     paths: list[str] = []
     kernel_level = thinned.attrs.get("model_kind") != "step"
     if kernel_level:
-        from bayesprism.workload import posterior_arrays
+        from bayesprism.forecast.workload import posterior_arrays
 
         arrays = posterior_arrays(thinned)  # once for every plan
     for plan in iterator:
@@ -248,7 +248,7 @@ def forecast(
         if thinned.attrs.get("model_kind") == "step":
             paths.append("step-model")
         else:
-            from bayesprism.composition import EXACT_MAX_GPUS
+            from bayesprism.forecast.composition import EXACT_MAX_GPUS
 
             use_exact = plan.gpus <= EXACT_MAX_GPUS if exact is None else bool(exact)
             paths.append("exact" if use_exact else "fast")
