@@ -10,7 +10,7 @@ import importlib
 import sys
 import types
 
-__version__ = "0.1.0"
+from bayesprism._version import __version__
 
 _API = {
     # ingestion and the trace table
@@ -25,7 +25,7 @@ _API = {
     "save": "bayesprism.io",
     "load": "bayesprism.io",
     "simulate": "bayesprism.simulate",
-    "learn_layout_prior": "bayesprism.layout_prior",
+    "learn_layout_prior": "bayesprism.learn_prior",
     # plans, composition and forecasts
     "ParallelPlan": "bayesprism.plan",
     "Cluster": "bayesprism.plan",

@@ -25,8 +25,13 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from bayesprism._version import __version__
 from bayesprism.errors import ConvergenceWarning, InputError, Problem
+from bayesprism.inventory import kernel_inventory
+from bayesprism.io import ARTIFACT_SCHEMA_VERSION, clean_attrs
+from bayesprism.model import build, prepare
 from bayesprism.schema import select_runs, signature_as_kernel
+from bayesprism.spec import ModelSpec
 
 RHAT_MAX = 1.01
 ESS_PER_CHAIN = 100
@@ -61,8 +66,6 @@ def _as_tables(tables) -> list[pd.DataFrame]:
 
 
 def _resolve_spec(spec, tables: list[pd.DataFrame]):
-    from bayesprism.spec import ModelSpec
-
     if spec is None:
         all_steps = all(
             "kernel_class" in t.columns and len(t)
@@ -335,11 +338,6 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
     ConvergenceWarning
         Divergences, R-hat > 1.01 or bulk ESS < 100 × chains (NUTS samplers).
     """
-    from bayesprism import __version__
-    from bayesprism.inventory import kernel_inventory
-    from bayesprism.io import ARTIFACT_SCHEMA_VERSION
-    from bayesprism.model import build, prepare
-
     tables = [signature_as_kernel(t) for t in _as_tables(tables)]
     problems = [
         Problem("fit", name, "must be a positive integer", example=value)
@@ -402,6 +400,4 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
     # netCDF stores no dicts, None or mixed lists (the model's attrs hold some): store them as
     # bayesprism.io.save writes them (JSON), so what fit returns equals what load gives back and
     # xarray users can call DataTree.to_netcdf on it directly
-    from bayesprism.io import _clean_attrs
-
-    return _clean_attrs(tree)
+    return clean_attrs(tree)

@@ -517,6 +517,7 @@ def plan_from_run(meta: Mapping[str, Any], *, name: str | None = None,
         If the run carries no usable layout (no dp and no world size, or sizes that are not
         positive integers or do not multiply to the world size).
     """
+    # deferred for start-up time: ingest workers import this module, inventory loads xarray
     from bayesprism.inventory import run_layout
 
     label = run or str(meta.get("system_id") or "run")

@@ -144,12 +144,8 @@ def scored(case: str, result: pd.DataFrame, seconds: float, rows: list, figures:
 def pal_case(path: Path, name: str, args, rows: list, slowest_rows: list) -> None:
     import bayesprism as bp
     from bayesprism.checks.baselines import degenerate_posterior
-    from bayesprism.checks.validate import (
-        predicted_slowest,
-        resampled_slowest,
-        split_table,
-        validate,
-    )
+    from bayesprism.checks.splits import split_table
+    from bayesprism.checks.validate import predicted_slowest, resampled_slowest, validate
 
     table = bp.read_traces([path], progress=False)
     fit_table, held = split_table(table, "nodes", fraction=0.5, seed=args.seed)
@@ -201,7 +197,8 @@ def scale_case(path: Path, name: str, fit_sizes, held_sizes, args, rows: list,
 def kineto_case(path: Path, name: str, args, rows: list) -> None:
     import bayesprism as bp
     from bayesprism.checks.baselines import degenerate_posterior
-    from bayesprism.checks.validate import predict_rank_step_times, split_table, validate
+    from bayesprism.checks.splits import split_table
+    from bayesprism.checks.validate import predict_rank_step_times, validate
 
     table = bp.read_traces([path], progress=False)
     fit_table, held = split_table(table, "ranks", fraction=0.25, seed=args.seed)

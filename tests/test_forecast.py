@@ -206,7 +206,7 @@ def test_cli_table_lists_every_plan():
 
 
 def test_cli_end_to_end_json_and_netcdf(tmp_path, capsys):
-    io = pytest.importorskip("bayesprism.io", reason="bayesprism.io (save/load) not written yet")
+    from bayesprism import io
     from bayesprism.cli.main import main
 
     post_path = tmp_path / "post.nc"
@@ -245,10 +245,7 @@ def test_traced_plan_forecast_reproduces_the_traced_dlrm_steps(shared_data):
     rank's host idle before each synchronisation from the traced idle and waits for the
     slowest rank at each: it must reproduce the step and how long ranks wait for each other.
     """
-    inference = pytest.importorskip("bayesprism.inference")
-    ingest = pytest.importorskip("bayesprism.ingest")
-    if not hasattr(inference, "fit") or not hasattr(ingest, "read_traces"):
-        pytest.skip("fit/read_traces not available yet")
+    from bayesprism import inference, ingest
 
     files = sorted((shared_data / "kineto" / "param_dlrm_8rank").glob("*.json.gz"))
     table = ingest.read_traces(files)

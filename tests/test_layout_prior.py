@@ -146,7 +146,7 @@ def test_refitting_a_shipped_ladder_reproduces_its_evidence(shared_data, tmp_pat
     """One call refits the Llama 3.1 8B ladder (about a minute) and writes a prior whose
     evidence for it matches the shipped one; pooled with the shipped GPT-3 evidence it gives
     the shipped prior (within the sampler's Monte Carlo error)."""
-    from bayesprism.layout_prior import learn_layout_prior
+    from bayesprism.learn_prior import learn_layout_prior
 
     folder = shared_data / "mlperf/training_results_v5.1"
     if not folder.exists():

@@ -211,9 +211,9 @@ def test_bad_input_is_named():
 
 
 def test_cli_prints_json_and_tables(tmp_path, degraded, capsys):
-    io = pytest.importorskip("bayesprism.io")
     import json
 
+    from bayesprism import io
     from bayesprism.cli.main import main
 
     post, _, _ = degraded

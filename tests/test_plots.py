@@ -9,8 +9,8 @@ from PIL import Image
 from posterior_builders import forecast_tree, truth_posterior
 
 from bayesprism.checks.diagnostics import diagnose, worst_draws
+from bayesprism.forecast.forecasting import summarize_forecast
 from bayesprism.report import plots
-from bayesprism.report.html import forecast_summary
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def fit_and_report():
 
 @pytest.fixture(scope="module")
 def summary():
-    return forecast_summary(forecast_tree(seed=1))
+    return summarize_forecast(forecast_tree(seed=1))
 
 
 def _check_png(path, title: str) -> None:

@@ -7,10 +7,11 @@ import pytest
 import xarray as xr
 from posterior_builders import analysis_plan, analysis_posterior
 
-from bayesprism.analysis.sensitivity import REMOVED, sensitivity, sources_of, thin_draws
+from bayesprism.analysis.sensitivity import REMOVED, sensitivity, sources_of
 from bayesprism.cli.sensitivity import format_table
 from bayesprism.errors import InputError
 from bayesprism.forecast.workload import residual_moments
+from bayesprism.posterior import thin_draws
 
 pytestmark = pytest.mark.filterwarnings("ignore::bayesprism.plan.PlanWarning")
 
@@ -112,9 +113,9 @@ def test_bad_input_is_refused():
 
 
 def test_cli_prints_json_and_tables(tmp_path, noisy_posterior, capsys):
-    io = pytest.importorskip("bayesprism.io")
     import json
 
+    from bayesprism import io
     from bayesprism.cli.main import main
 
     path = tmp_path / "posterior.nc"

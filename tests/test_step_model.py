@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bayesprism.costs.step import max_normal_moments
 from bayesprism.errors import InputError
-from bayesprism.model.step import max_normal_moments
 from bayesprism.schema import empty_attrs, validate_table
 
 TRUTH = {"mb_log_median": np.log(0.05), "rank_sigma": 0.03, "bubble_efficiency": 0.9,
@@ -63,7 +63,7 @@ def synthetic_ladder(runs_per_scale: int, steps: int, seed: int = 0,
 
 
 def test_comm_terms_ring_allreduce_by_hand():
-    from bayesprism.model.step import comm_terms, schedule_bubble_slots
+    from bayesprism.costs.step import comm_terms, schedule_bubble_slots
 
     terms = comm_terms(np.array([8, 16, 64]), np.array([1, 1, 4]), np.array([1, 1, 8]),
                        np.array([8, 16, 256]), np.array([8, 8, 8]), reference_tp_pp=1.0)

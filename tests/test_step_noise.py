@@ -111,7 +111,7 @@ def noisy_fit():
 
 @pytest.mark.filterwarnings("ignore::bayesprism.errors.ConvergenceWarning")
 def test_a_noisy_repeat_is_recovered_and_predicted_with_its_own_spread(noisy_fit):
-    from bayesprism.checks.validate import predict_rows
+    from bayesprism.checks.row_predictive import predict_rows
 
     table, tree = noisy_fit
     post = tree["posterior"]
@@ -140,7 +140,7 @@ def test_a_noisy_repeat_is_recovered_and_predicted_with_its_own_spread(noisy_fit
 def test_fitted_steps_and_nodes_are_predicted_at_their_own_level(noisy_fit):
     # one run: the step effects' mean is a prior-only coordinate, which kernel_log_median
     # absorbs; without that the prediction of a fitted step carried it (sd ~0.05 here)
-    from bayesprism.checks.validate import predict_rows
+    from bayesprism.checks.row_predictive import predict_rows
 
     table, tree = noisy_fit
     rows = table.loc[(table["node"] == "n0") & (table["step"] == 3)]

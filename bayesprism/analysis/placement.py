@@ -43,14 +43,11 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from bayesprism.analysis.sensitivity import (
+from bayesprism.analysis.counterfactual import (
     PerDraw,
     check_kernel_posterior,
     compose_with_seed,
     estimate,
-    posterior_group,
-    thin_draws,
-    with_posterior_group,
 )
 from bayesprism.errors import InputError, Problem
 from bayesprism.forecast.slots import (
@@ -66,6 +63,7 @@ from bayesprism.forecast.slots import (
     world_size,
 )
 from bayesprism.forecast.workload import posterior_arrays
+from bayesprism.posterior import posterior_group, thin_draws, with_posterior_group
 
 OBJECTIVES = ("mean", "p95")
 #: Relative improvement a swap must bring to be accepted: smaller ones are mostly Monte-Carlo

@@ -1,10 +1,8 @@
-"""What to fix and where to place: sensitivity, what-if forecasts and node placement.
+"""What if: forecast deltas of a plan under changes to kernels, links, nodes or the schedule.
 
-``sensitivity`` lives in :mod:`bayesprism.analysis.sensitivity` and ``place`` in
-:mod:`bayesprism.analysis.placement`; both are re-exported here. ``what_if`` is defined here: it
-applies a set of :class:`Changes` to the posterior, the plan and the cluster, and recomposes
-with the same posterior draws and seed as the base forecast (common random numbers), so the
-reported deltas are precise even when they are small.
+:func:`what_if` applies a set of :class:`Changes` to the posterior, the plan and the cluster,
+and recomposes with the same posterior draws and seed as the base forecast (common random
+numbers), so the reported deltas are precise even when they are small.
 """
 
 from __future__ import annotations
@@ -17,27 +15,23 @@ from dataclasses import dataclass, field
 import numpy as np
 import xarray as xr
 
-from bayesprism.analysis.placement import place
-from bayesprism.analysis.sensitivity import (
+from bayesprism.analysis.counterfactual import (
     THRESHOLDS,
     PerDraw,
     check_kernel_posterior,
     compose_with_seed,
     estimate,
-    posterior_group,
     scale_variable,
-    sensitivity,
     shift_variable,
     summary,
-    thin_draws,
     threshold_key,
-    with_posterior_group,
 )
 from bayesprism.errors import InputError, Problem
 from bayesprism.forecast.slots import cluster_nodes, drained_cluster, rank_nodes, with_nodes
 from bayesprism.forecast.workload import collective_model_classes
+from bayesprism.posterior import posterior_group, thin_draws, with_posterior_group
 
-__all__ = ["Changes", "place", "sensitivity", "what_if"]
+__all__ = ["Changes", "apply_changes", "what_if"]
 
 _CHANGE_KEYS = ("faster", "bandwidth", "latency", "drain", "schedule", "microbatches")
 

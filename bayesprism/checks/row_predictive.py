@@ -18,6 +18,7 @@ import pandas as pd
 import xarray as xr
 
 from bayesprism.forecast.composition import DEFAULT_MAX_SLOWDOWN
+from bayesprism.forecast.population import draw_effects
 from bayesprism.forecast.workload import (
     fitted_step_weights,
     flat_draws,
@@ -49,8 +50,6 @@ class _DrawPicker:
         if n_units == 0:
             return np.zeros((self.index.size, 0))
         if f"{level}_population" in posterior.attrs:
-            from bayesprism.forecast.population import draw_effects
-
             z = draw_effects(posterior, level, n_units * self.reps, rng)
         else:  # levels without a recorded family (step, cabinet) are standard normal
             z = rng.standard_normal((self.n_samples, n_units * self.reps))

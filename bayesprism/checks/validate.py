@@ -32,17 +32,20 @@ from bayesprism.checks.baselines import (
     timed_steps,
 )
 from bayesprism.checks.row_predictive import predict_rows
-from bayesprism.checks.splits import SPLITS, concat_tables, split_table
+from bayesprism.checks.splits import concat_tables, split_table
 from bayesprism.costs.collectives import launch_work_us
 from bayesprism.errors import InputError, Problem
-from bayesprism.inventory import is_step_table, recorded_traced_plan
+from bayesprism.forecast.forecasting import forecast
+from bayesprism.inference import fit
+from bayesprism.inventory import is_step_table
 from bayesprism.model.rows import timer_resolution
+from bayesprism.plan import plan_from_run
+from bayesprism.posterior import traced_plan
 
 __all__ = [
-    "METHODS", "SPLITS", "HeldoutPrediction", "concat_tables", "fit_bayesprism",
-    "plot_pit_histogram", "predict_heldout", "predict_rank_step_times", "predict_rows",
-    "predict_step_layouts", "predicted_slowest", "rank_step_times", "resampled_slowest",
-    "split_table", "validate",
+    "METHODS", "HeldoutPrediction", "fit_bayesprism", "predict_heldout",
+    "predict_rank_step_times", "predict_step_layouts", "predicted_slowest", "rank_step_times",
+    "resampled_slowest", "validate",
 ]
 
 METHODS: tuple[str, ...] = ("bayesprism", *BASELINES)
@@ -114,9 +117,6 @@ def predict_step_layouts(
     keys = sorted(by_layout)
     groups = []
     if method == "bayesprism":
-        from bayesprism.forecast.forecasting import forecast
-        from bayesprism.plan import plan_from_run
-
         plans = [plan_from_run(metas.get(by_layout[k][0], {}), run=by_layout[k][0])
                  for k in keys]
         fc = forecast(posterior, plans, draws=draws, random_seed=seed, progress=False)
@@ -173,15 +173,6 @@ def rank_step_times(table: pd.DataFrame, others: pd.DataFrame | None = None) -> 
     return (last_end.to_numpy(dtype=float) - start) / 1e6
 
 
-def traced_plan(posterior: xr.DataTree):
-    """The traced run's ``ParallelPlan``, from ``inventory.attrs["traced_plan"]``."""
-    from bayesprism.plan import ParallelPlan
-
-    plan = recorded_traced_plan(posterior["inventory"])
-    accepted = ParallelPlan.__dataclass_fields__
-    return ParallelPlan(**{k: v for k, v in plan.items() if k in accepted and v is not None})
-
-
 def predict_rank_step_times(
     posterior: xr.DataTree, heldout: pd.DataFrame, *, draws: int, seed: int,
     others: pd.DataFrame | None = None,
@@ -193,8 +184,6 @@ def predict_rank_step_times(
     :func:`rank_step_times` of the held-out ranks (from the step's start on their node when
     ``others``, the fitted ranks of the same trace, are given).
     """
-    from bayesprism.forecast.forecasting import forecast
-
     fc = forecast(
         posterior, [traced_plan(posterior)], draws=draws, random_seed=seed, progress=False
     )
@@ -271,8 +260,6 @@ def fit_bayesprism(
     progress: bool,
 ) -> xr.DataTree:
     """bayesprism's fit of ``table`` (spec ``model``, or the step spec for step tables)."""
-    from bayesprism.inference import fit
-
     spec = model if model is not None else ("step" if is_step_table(table) else None)
     return fit(
         table, spec, draws=draws, tune=tune, chains=chains, random_seed=seed, progress=progress
@@ -464,36 +451,3 @@ def resampled_slowest(
             maxima[r] = max(values[rng.choice(p)] for p in pools)
         out[int(k)] = maxima
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# figure
-
-
-def plot_pit_histogram(
-    pits: dict[str, np.ndarray], path, *, bins: int = 10, title: str | None = None
-):
-    """Histogram of PIT values per method (flat = calibrated), written to ``path``.
-
-    Lives here until ``bayesprism.report.plots`` has a PIT figure; it draws only what it is given.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(
-        1, len(pits), figsize=(3.2 * len(pits), 2.8), squeeze=False, sharey=True
-    )
-    for ax, (method, values) in zip(axes[0], pits.items(), strict=True):
-        ax.hist(values, bins=bins, range=(0, 1), density=True, color="#4c72b0", edgecolor="white")
-        ax.axhline(1.0, color="black", lw=1, ls="--")
-        ax.set_title(method)
-        ax.set_xlabel("PIT")
-    axes[0][0].set_ylabel("density")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

@@ -158,13 +158,10 @@ def build_plans(args: argparse.Namespace, posterior=None) -> tuple[list, object]
 
 
 def _traced_plan_values(posterior) -> dict:
-    from bayesprism.inventory import recorded_traced_plan
-    from bayesprism.plan import ParallelPlan
+    from bayesprism.posterior import traced_plan_values
 
-    traced = recorded_traced_plan(
-        posterior["inventory"] if "inventory" in posterior.children else None)
-    accepted = set(ParallelPlan.__dataclass_fields__) - {"source", "world_size"}
-    values = {k: v for k, v in traced.items() if k in accepted and v is not None}
+    values = traced_plan_values(posterior)
+    values.pop("world_size", None)  # the flags may change the degrees
     values.setdefault("name", "traced")
     return values
 

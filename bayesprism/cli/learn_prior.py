@@ -96,7 +96,7 @@ def _layout_values(facts: dict[str, dict[str, str]]) -> dict[str, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bayesprism.layout_prior import learn_layout_prior
+    from bayesprism.learn_prior import learn_layout_prior
 
     check_counts(("--draws", args.draws, 1, None), ("--tune", args.tune, 1, None),
                  ("--chains", args.chains, 1, None))

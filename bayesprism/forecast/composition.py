@@ -134,15 +134,17 @@ from scipy import special
 from bayesprism.errors import InputError, Problem
 from bayesprism.forecast.draws import StepDraws
 from bayesprism.forecast.extremes import RankLaw, top_node_log_multipliers
+from bayesprism.forecast.population import draw_effects, population_family, population_quantile
 from bayesprism.forecast.schedules import Schedule, build_schedule, pipeline_finish
+from bayesprism.forecast.stepscale import compose_steps
 from bayesprism.forecast.workload import (
     PlanModel,
     PosteriorArrays,
     build_plan_model,
-    flat_draws,
     posterior_arrays,
 )
 from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
+from bayesprism.posterior import flat_draws
 
 EXACT_MAX_GPUS = 2048
 #: Default bound on a rank's slowdown: its compute multiplier ``exp(T)`` is capped at this.
@@ -263,8 +265,6 @@ def _new_effects(posterior, level: str, n: int, rng, loading: np.ndarray) -> np.
     still consumes the same numbers of its stream); zeros only when the level was not fitted
     and carries no loading.
     """
-    from bayesprism.forecast.population import draw_effects, population_family
-
     draws = loading.shape[0]
     if n == 0:
         return np.zeros((draws, n))
@@ -613,8 +613,6 @@ def _ideal_from_model(model: PlanModel, residual_mean: float) -> float:
 def _dominant_level(model: PlanModel, posterior, n_nodes: int) -> str:
     """The level whose largest unit is typically the slowest: per level, the loading times the
     population's 1 - 1/N quantile over its N units (median over draws)."""
-    from bayesprism.forecast.population import population_quantile
-
     gpus = model.plan.gpus
     spans = {}
     for level, units in (("node", n_nodes), ("gpu", gpus)):
@@ -689,8 +687,6 @@ def compose(
         plans on one posterior (extracted here otherwise).
     """
     if posterior.attrs.get("model_kind") == "step":
-        from bayesprism.forecast.stepscale import compose_steps
-
         return compose_steps(posterior, plan, replicates=replicates, rng=rng)
     if not (isinstance(replicates, int) and replicates >= 1):
         raise InputError(

@@ -22,25 +22,13 @@ NumPy/SciPy only: no graph is ever compiled here.
 from __future__ import annotations
 
 import numpy as np
-import xarray as xr
 from scipy import special
+
+from bayesprism.posterior import draw_count, flat_draws, posterior_dataset
 
 POPULATION_FAMILIES: tuple[str, ...] = ("normal", "student_t", "mixture", "degraded")
 #: Families of two normal components: a core N(0, 1) and a slow one N(shift, slow_sd).
 TWO_COMPONENT: tuple[str, ...] = ("mixture", "degraded")
-
-
-def _posterior_dataset(posterior) -> xr.Dataset:
-    """The ``posterior`` group as a Dataset, from a Dataset or a DataTree holding it."""
-    if isinstance(posterior, xr.Dataset):
-        return posterior
-    if isinstance(posterior, xr.DataTree):
-        if "posterior" in posterior.children:
-            ds = posterior["posterior"].to_dataset()
-            # The family may be stored on the group or on the root: look at both.
-            return ds.assign_attrs({**dict(posterior.attrs), **dict(ds.attrs)})
-        return posterior.to_dataset()
-    raise TypeError(f"expected an xarray Dataset or DataTree, got {type(posterior).__name__}")
 
 
 def population_family(posterior, level: str) -> str:
@@ -53,7 +41,7 @@ def population_family(posterior, level: str) -> str:
     ValueError
         If the family is not one of :data:`POPULATION_FAMILIES`.
     """
-    ds = _posterior_dataset(posterior)
+    ds = posterior_dataset(posterior)
     key = f"{level}_population"
     if key not in ds.attrs:
         raise KeyError(f"posterior has no attribute {key!r}: level {level!r} was not fitted")
@@ -63,30 +51,19 @@ def population_family(posterior, level: str) -> str:
     return family
 
 
-def _flat(ds: xr.Dataset, name: str) -> np.ndarray:
-    """A scalar posterior variable flattened over (chain, draw) in chain-major order."""
-    if name not in ds:
-        raise KeyError(f"posterior has no variable {name!r}")
-    return ds[name].transpose("chain", "draw").to_numpy().reshape(-1).astype(float)
-
-
-def _n_draws(ds: xr.Dataset) -> int:
-    return int(ds.sizes["chain"] * ds.sizes["draw"])
-
-
 def population_parameters(posterior, level: str) -> dict[str, np.ndarray | str]:
     """Family and per-draw parameters of a level's population (arrays of shape (chain*draw,))."""
-    ds = _posterior_dataset(posterior)
+    ds = posterior_dataset(posterior)
     family = population_family(ds, level)
     params: dict[str, np.ndarray | str] = {"family": family}
     if family == "student_t":
-        params["nu"] = _flat(ds, f"{level}_nu")
+        params["nu"] = flat_draws(ds[f"{level}_nu"])
     elif family in TWO_COMPONENT:
-        params["weight"] = _flat(ds, f"{level}_slow_weight")
-        params["shift"] = _flat(ds, f"{level}_slow_shift")
-        params["slow_sd"] = (_flat(ds, f"{level}_slow_sd") if family == "degraded"
+        params["weight"] = flat_draws(ds[f"{level}_slow_weight"])
+        params["shift"] = flat_draws(ds[f"{level}_slow_shift"])
+        params["slow_sd"] = (flat_draws(ds[f"{level}_slow_sd"]) if family == "degraded"
                              else np.ones_like(params["shift"]))
-    params["n_draws"] = np.asarray(_n_draws(ds))
+    params["n_draws"] = np.asarray(draw_count(ds))
     return params
 
 

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from bayesprism.analysis.sensitivity import posterior_group
 from bayesprism.errors import InputError, PlanError, Problem
+from bayesprism.plan import Cluster
+from bayesprism.posterior import posterior_group
 
 # --------------------------------------------------------------------------- plan geometry
 
@@ -123,8 +124,6 @@ def cluster_nodes(cluster) -> list[str] | None:
 def with_nodes(cluster, nodes: Sequence[str], plan=None):
     """A cluster running ``nodes`` (slot order); built from the plan's GPUs per node if needed."""
     if cluster is None:
-        from bayesprism.plan import Cluster
-
         return Cluster(gpus_per_node=gpus_per_node_of(plan), nodes=tuple(nodes))
     return dataclasses.replace(cluster, nodes=tuple(nodes))
 

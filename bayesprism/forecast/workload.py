@@ -85,8 +85,9 @@ import xarray as xr
 
 from bayesprism.costs import collectives
 from bayesprism.errors import InputError, Problem
-from bayesprism.inventory import recorded_traced_plan
 from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
+from bayesprism.posterior import recorded_traced_plan
+from bayesprism.spec import DEFAULT_PRIORS, ModelSpec
 
 MICROBATCH_CLASSES = ("gemm", "attention", "elementwise", "norm", "memcpy", "other")
 COMM_ROLES = ("tp", "cp", "ep", "pp", "dp")
@@ -439,8 +440,6 @@ def posterior_arrays(posterior: xr.DataTree) -> PosteriorArrays:
 
 def _spec_prior(posterior: xr.DataTree, name: str) -> float:
     """Prior ``name`` of the spec the posterior was fitted with (the default when absent)."""
-    from bayesprism.spec import DEFAULT_PRIORS, ModelSpec
-
     stored = posterior.attrs.get("spec")
     return ModelSpec.from_dict(json.loads(stored)).prior(name) if stored \
         else DEFAULT_PRIORS[name]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bayesprism.schema import codes_and_labels
+from bayesprism.schema import COLLECTIVE_CLASSES, codes_and_labels
 
 
 class SummaryAccumulator:
@@ -48,8 +48,6 @@ class SummaryAccumulator:
             acc[0] += int(count[i])
             acc[1] += float(total[i])
         if "transfer_us" in df:
-            from bayesprism.schema import COLLECTIVE_CLASSES
-
             is_coll = np.isin(np.asarray(class_labels, dtype=object), COLLECTIVE_CLASSES)
             coll = is_coll[class_codes]
             self._collective_rows += int(coll.sum())

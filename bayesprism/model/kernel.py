@@ -48,9 +48,9 @@ from scipy.linalg import helmert
 
 from bayesprism.costs import collectives as coll
 from bayesprism.errors import InputError, Problem
-from bayesprism.model import PreparedData
 from bayesprism.model.cells import aggregate_cells
 from bayesprism.model.effects import class_scales, segment_sum, soft_scale_floor, unit_level
+from bayesprism.model.prepared import PreparedData
 from bayesprism.model.rows import row_likelihood
 from bayesprism.model.start import (
     class_spread_start,

@@ -137,14 +137,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from functools import lru_cache
 
 import numpy as np
 import pandas as pd
-from scipy import special
 
-from bayesprism.errors import InputError, Problem
+from bayesprism.costs.step import (
+    LEAF_PRIOR,
+    comm_terms,
+    config_label,
+    max_normal_moments,
+    schedule_bubble_slots,
+    separability_note,
+)
+from bayesprism.errors import InputError, Problem, SpecError
 from bayesprism.inventory import run_layout
+from bayesprism.layout_prior import load_layout_prior
+from bayesprism.model.prepared import PreparedData
 
 MIN_STEPS_PER_RUN = 3
 #: Run levels are centred when (median standard error of a run's median) / (sd of run medians
@@ -173,11 +181,6 @@ COMM_PRIORS: dict[str, tuple[float, float]] = {
     "comm_intra": (float(np.log(0.05)), 1.2),
     "comm_inter": (float(np.log(0.5)), 1.2),
 }
-#: LogNormal (mu, sigma) of ``comm_leaf``, the extra ring all-reduce cost (reference slots per
-#: unit of bandwidth factor) once the data-parallel group spans more nodes than one leaf switch
-#: holds (``nodes_per_leaf``, a fact the user states): traffic then crosses the spine, often
-#: oversubscribed; from a few % to a few times the inter-node cost (median half of it).
-LEAF_PRIOR: tuple[float, float] = (float(np.log(0.25)), 1.2)
 #: Normal (mean, sd) of ``spike_logit``, the log-odds of twice the spike rate at the reference
 #: layout's node count: 2 x rate 0.05 at the median, 0.003-0.5 within 2 sd (logs show 0-5 %
 #: of steps as spikes per run).
@@ -219,7 +222,7 @@ def resolve_layout_prior(spec) -> dict:
         the package, :mod:`bayesprism.layout_prior`), ``"builtin"`` (Gamma(2, 40) config_sd
         and :data:`SPIKE_SLOPE_PRIOR`), ``"flat"`` (flat in log config_sd and a wide slope:
         for learning the priors) or the path of a file written by
-        :func:`bayesprism.layout_prior.learn_layout_prior`.
+        :func:`bayesprism.learn_prior.learn_layout_prior`.
 
     Returns
     -------
@@ -249,8 +252,6 @@ def resolve_layout_prior(spec) -> dict:
         raise InputError(Problem("model spec", "step.layout_prior",
                                  "must be 'learned', 'builtin', 'flat' or a file path",
                                  example=value))
-    from bayesprism.layout_prior import load_layout_prior
-
     try:
         prior = load_layout_prior(None if value == "learned" else value)
     except FileNotFoundError:
@@ -278,41 +279,7 @@ def _config_sd_log_prior(layout_prior: dict, nodes: np.ndarray) -> np.ndarray:
     return stats.norm.logpdf(np.log(nodes), mean, sd)
 
 
-@lru_cache(maxsize=4096)
-def _max_normal_moments_one(n: int) -> tuple[float, float]:
-    if n <= 1:
-        return 0.0, 1.0
-    x = np.linspace(-8.0, 12.0, 40001)
-    log_density = np.log(n) + special.log_ndtr(x) * (n - 1) - 0.5 * x**2 - 0.5 * np.log(2 * np.pi)
-    density = np.exp(log_density)
-    dx = x[1] - x[0]
-    mean = float(np.sum(x * density) * dx)
-    var = float(np.sum((x - mean) ** 2 * density) * dx)
-    return mean, float(np.sqrt(var))
-
-
-def max_normal_moments(n) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and standard deviation of the maximum of ``n`` iid standard normals.
-
-    Exact up to quadrature error (< 1e-6); ``n = 1`` gives (0, 1).
-
-    Parameters
-    ----------
-    n
-        Number of ranks (scalar or array of positive integers).
-
-    Returns
-    -------
-    (mean, sd)
-        Arrays with the shape of ``n``.
-    """
-    arr = np.asarray(n, dtype=np.int64)
-    flat = arr.reshape(-1)
-    moments = np.array([_max_normal_moments_one(int(k)) for k in flat]).reshape(flat.size, 2)
-    return moments[:, 0].reshape(arr.shape), moments[:, 1].reshape(arr.shape)
-
-
-def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa: F821
+def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:
     """Step-time rows of several runs → the arrays :func:`build_step` needs.
 
     Parameters
@@ -335,8 +302,6 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
     InputError
         Non-step rows, missing run layouts, fewer than 2 runs or too few steps per run.
     """
-    from bayesprism.model import PreparedData
-
     warmup = int(_option(spec, "warmup_steps", WARMUP_STEPS))
     problems: list[Problem] = []
     frames = []
@@ -571,78 +536,13 @@ def leaf_sizes(run_meta: dict, runs: list[str]) -> np.ndarray | None:
     return np.asarray(values)
 
 
-def separability_note(microbatches: int) -> str:
-    """The note that per-micro-batch and per-step costs were not separated by the fitted runs.
-
-    Examples
-    --------
-    >>> separability_note(128)[:40]
-    'every fitted run has 128 micro-batch(es)'
-    """
-    return (f"every fitted run has {int(microbatches)} micro-batch(es) per step: the runs "
-            "cannot separate per-micro-batch from per-step cost (pipeline bubble, gradient "
-            "reduction, optimizer); a forecast at another micro-batch count carries the "
-            "priors' split of the two, not a measured one")
-
-
-def schedule_bubble_slots(pp, virtual_stages) -> np.ndarray:
-    """Idle micro-batch slots of a (interleaved) 1F1B pipeline step: (pp - 1) / v."""
-    return (np.asarray(pp, dtype=float) - 1.0) / np.asarray(virtual_stages, dtype=float)
-
-
-def config_label(layout: dict) -> str:
-    """Label of a layout: its world size, parallel sizes, micro-batches and micro-batch size."""
-    return (f"gpus{int(layout['world_size'])}-dp{int(layout['dp'])}-tp{int(layout['tp'])}"
-            f"-pp{int(layout['pp'])}-cp{int(layout['cp'])}-m{int(layout['microbatches'])}"
-            f"-v{int(layout['virtual_stages'])}-mbs{layout['micro_batch_size']:g}")
-
-
 def _layouts_json(layout_frame: pd.DataFrame) -> str:
-    import json
-
     cols = ["world_size", "gpus_per_node", "dp", "tp", "pp", "cp", "microbatches",
             "virtual_stages", "micro_batch_size"]
     table = {run: {c: (float(v) if c == "micro_batch_size" else int(v))
                    for c, v in row.items() if c in cols}
              for run, row in layout_frame[cols].iterrows()}
     return json.dumps(table, sort_keys=True)
-
-
-def comm_terms(dp_group, tp, pp, tp_cp_dp, gpus_per_node, reference_tp_pp):
-    """Ring all-reduce factors of the data-parallel gradient reduction of a layout.
-
-    Parameters
-    ----------
-    dp_group
-        Ranks in the gradient all-reduce group (``dp * cp``: context-parallel ranks hold
-        replicas of the same parameters).
-    tp, pp
-        Tensor- and pipeline-parallel sizes (gradient bytes per rank scale as 1 / (tp * pp)).
-    tp_cp_dp
-        ``tp * cp * dp``: the contiguous block of ranks the group is spread over (Megatron rank
-        order tp, cp, dp, pp), which decides whether it leaves a node.
-    gpus_per_node
-        GPUs per node.
-    reference_tp_pp
-        ``tp * pp`` of the reference configuration.
-
-    Returns
-    -------
-    dict of arrays
-        ``latency_steps`` (2 (p - 1)), ``intra_bandwidth`` and ``inter_bandwidth`` (the
-        bandwidth factor 2 (p - 1) / p times the relative gradient bytes, on the tier the group
-        uses, 0 on the other tier).
-    """
-    from bayesprism.costs.collectives import bandwidth_factor, latency_steps, tier_of
-
-    p = np.asarray(dp_group, dtype=float)
-    relative_bytes = float(reference_tp_pp) / (np.asarray(tp, dtype=float)
-                                               * np.asarray(pp, dtype=float))
-    inter = tier_of(np.asarray(tp_cp_dp), np.asarray(gpus_per_node)).astype(float)
-    bandwidth = bandwidth_factor("allreduce", p) * relative_bytes
-    return {"latency_steps": latency_steps("allreduce", p),
-            "intra_bandwidth": bandwidth * (1.0 - inter),
-            "inter_bandwidth": bandwidth * inter}
 
 
 def mixture_logp(value, mu, sigma, slow_weight, slow_shift, slow_spread):
@@ -831,8 +731,6 @@ def build_step(prepared, spec):
     d = prepared.data
     noise_family = str(_option(spec, "noise", "mixture"))
     if noise_family not in ("mixture", "normal"):
-        from bayesprism.errors import SpecError
-
         raise SpecError(Problem("model spec", "step.noise", "must be 'mixture' or 'normal'",
                                 example=noise_family))
     config_effects = bool(_option(spec, "config_effects", True))

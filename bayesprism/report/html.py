@@ -20,12 +20,15 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from bayesprism.inventory import recorded_traced_plan
+from bayesprism._version import __version__
+from bayesprism.checks.diagnostics import diagnose, worst_draws
+from bayesprism.forecast.forecasting import summarize_forecast
+from bayesprism.outputs import write_text_atomic
+from bayesprism.posterior import recorded_traced_plan
+from bayesprism.report import plots
 from bayesprism.report.sections import (
     CSS,
     esc,
-    fmt_p,
-    fmt_s,
     section_answer,
     section_data,
     section_diagnostics,
@@ -36,7 +39,7 @@ from bayesprism.report.sections import (
     section_variance,
 )
 
-__all__ = ["data_summary", "fmt_p", "fmt_s", "forecast_summary", "write_report"]
+__all__ = ["data_summary", "write_report"]
 
 # ------------------------------------------------------------------------------- values used
 def data_summary(posterior: xr.DataTree) -> dict:
@@ -101,20 +104,9 @@ def data_summary(posterior: xr.DataTree) -> dict:
     return out
 
 
-def forecast_summary(forecast: xr.DataTree) -> dict:
-    """The forecast's plain-number summary
-    (:func:`bayesprism.forecast.forecasting.summarize_forecast`)."""
-    from bayesprism.forecast.forecasting import summarize_forecast
-
-    return summarize_forecast(forecast)
-
-
 # ---------------------------------------------------------------------------------- the report
 def _figures(posterior, diagnosis, summary, workdir: Path) -> dict[str, Path]:
     """Draw every figure the report shows into ``workdir``."""
-    from bayesprism.checks.diagnostics import worst_draws
-    from bayesprism.report import plots
-
     out: dict[str, Path] = {}
     jobs: list[tuple[str, Callable[[], Path]]] = []
     if len(diagnosis.convergence):
@@ -202,14 +194,12 @@ def write_report(
         The written file.
     """
     if diagnosis is None:
-        from bayesprism.checks.diagnostics import diagnose
-
         diagnosis = diagnose(posterior)
     summary = None
     if forecast is not None:
         # a DataTree is itself a Mapping: test for it first
         summary = (
-            forecast_summary(forecast)
+            summarize_forecast(forecast)
             if isinstance(forecast, (xr.DataTree, xr.Dataset))
             else dict(forecast)
         )
@@ -246,16 +236,8 @@ def write_report(
         "<title>bayesprism report</title>"
         f"<style>{CSS}</style></head><body>"
         f"<h1>bayesprism report</h1><p class='note'>Written {stamp} by bayesprism "
-        f"{esc(_version())}.</p>" + "\n".join(sections) + "</body></html>\n"
+        f"{esc(__version__)}.</p>" + "\n".join(sections) + "</body></html>\n"
     )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    from bayesprism.outputs import write_text_atomic
-
     return write_text_atomic(path, document)
-
-
-def _version() -> str:
-    from bayesprism import __version__
-
-    return __version__

@@ -22,6 +22,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from bayesprism.report.sections import duration_unit
+
 LEVEL_COLORS = {
     "node": "#1f77b4",
     "gpu": "#ff7f0e",
@@ -344,8 +346,6 @@ def plot_forecast_fan(
 
 def _time_axis(values: Sequence[float]) -> tuple[str, float]:
     """Unit (and its size in s) of a time axis, from the largest value it shows."""
-    from bayesprism.report.sections import duration_unit
-
     finite = [v for v in values if v is not None and np.isfinite(v)]
     return duration_unit(max(finite)) if finite else ("s", 1.0)
 
@@ -459,3 +459,25 @@ def plot_breakdown(
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="x", alpha=0.3)
     return _save(fig, path, title)
+
+
+def plot_pit_histogram(
+    pits: dict[str, np.ndarray], path, *, bins: int = 10, title: str | None = None
+):
+    """Histogram of PIT values per method (flat = calibrated), written to ``path``
+    (``bayesprism.checks.validate`` computes them)."""
+    fig, axes = plt.subplots(
+        1, len(pits), figsize=(3.2 * len(pits), 2.8), squeeze=False, sharey=True
+    )
+    for ax, (method, values) in zip(axes[0], pits.items(), strict=True):
+        ax.hist(values, bins=bins, range=(0, 1), density=True, color="#4c72b0", edgecolor="white")
+        ax.axhline(1.0, color="black", lw=1, ls="--")
+        ax.set_title(method)
+        ax.set_xlabel("PIT")
+    axes[0][0].set_ylabel("density")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
