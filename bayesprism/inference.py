@@ -33,6 +33,9 @@ from bayesprism.model import build, prepare
 from bayesprism.schema import select_runs, signature_as_kernel
 from bayesprism.spec import ModelSpec
 
+# PyMC, nutpie and ArviZ are imported inside the functions that sample: start-up time
+# (`import bayesprism.inference` must not load them; nutpie and pymc-extras are optional).
+
 RHAT_MAX = 1.01
 ESS_PER_CHAIN = 100
 SAMPLERS: tuple[str, ...] = ("auto", "nutpie", "pymc", "advi", "pathfinder")

@@ -41,6 +41,8 @@ import numpy as np
 
 from bayesprism.errors import InputError, Problem
 
+# scipy.stats is imported where pooling needs it (start-up time of the step model's import).
+
 #: The shipped learned prior (read-only package data).
 DEFAULT_PATH = Path(__file__).resolve().parent / "data" / "step_layout_prior.json"
 FORMAT = "bayesprism-step-layout-prior"

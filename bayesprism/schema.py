@@ -26,6 +26,8 @@ import pandas as pd
 
 from bayesprism.errors import Problem, TableValidationError
 
+# pyarrow is imported where tables are written or read (start-up time of `import bayesprism`).
+
 SCHEMA_VERSION = 1
 ALL_RANKS = -1
 ALL_NODES = "*"

@@ -39,6 +39,8 @@ from bayesprism.costs.collectives import transfer_time_us
 from bayesprism.errors import InputError, Problem
 from bayesprism.ingest.classify import normalize_kernel_name
 
+# tqdm is imported only when a progress bar is shown (start-up time).
+
 #: Log-scale standard deviations of each level, per kernel class (the λ loadings of DESIGN §5).
 DEFAULT_CLASS_SCALES: dict[str, dict[str, float]] = {
     "gemm": {"node": 0.03, "gpu": 0.02, "step": 0.01, "gpustep": 0.01, "resid": 0.02},

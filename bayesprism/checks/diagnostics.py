@@ -23,6 +23,8 @@ from bayesprism.errors import ArtifactError, Problem
 from bayesprism.forecast.workload import RESID_SLOW_VARS
 from bayesprism.posterior import LEVEL_SCALES, SAMPLE_DIMS, STEP_LEVEL_SCALES
 
+# arviz is imported inside the functions that use it: start-up time of `bayesprism diagnose`.
+
 #: Levels of the kernel model with a per-class loading ``{level}_scale``; order used in tables.
 LEVELS = ("node", "gpu", "step", "gpustep", "cabinet", "resid")
 #: Unit-effect variables and their unit dims.

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+from pandas.api.types import union_categoricals
 
 from bayesprism.errors import InputError, Problem
 
@@ -201,8 +202,6 @@ def concat_tables(tables: pd.DataFrame | Sequence[pd.DataFrame]) -> pd.DataFrame
     tables = list(tables)
     if len(tables) == 1:
         return tables[0]
-    from pandas.api.types import union_categoricals
-
     columns = list(dict.fromkeys(c for t in tables for c in t.columns))
     aligned = []
     for col in columns:

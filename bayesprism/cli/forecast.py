@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from bayesprism.cli._common import (
@@ -280,8 +281,6 @@ def training_steps(args: argparse.Namespace) -> int | None:
     >>> training_steps(ns)
     1431
     """
-    import math
-
     given = [name for name in ("steps", "samples", "tokens") if getattr(args, name) is not None]
     if len(given) > 1:
         raise InputError(Problem("command line", "--" + given[1], "give one of --steps, "

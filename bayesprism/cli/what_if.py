@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import tomllib
 from pathlib import Path
 
 from bayesprism.cli._common import add_common, format_duration, print_json
@@ -67,8 +68,6 @@ def build_changes(args: argparse.Namespace) -> dict:
     """
     changes: dict = {}
     if args.changes is not None:
-        import tomllib
-
         try:
             changes = tomllib.loads(Path(args.changes).read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

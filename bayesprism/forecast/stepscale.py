@@ -103,13 +103,11 @@ def spike_weight(ds: xr.Dataset, attrs: dict, nodes: float) -> np.ndarray:
     >>> float(spike_weight(ds, {"reference_nodes": 4.0}, 4.0)[0])
     0.25
     """
-    from scipy.special import expit
-
     if all(name in ds for name in SPIKES):
         reference = float(attrs.get("reference_nodes", nodes))
         eta = (flat_draws(ds["spike_logit"])
                + flat_draws(ds["spike_slope"]) * np.log(nodes / reference))
-        return 0.5 * expit(eta)
+        return 0.5 * special.expit(eta)
     weight = flat_draws(ds["slow_weight"])
     return weight if weight.ndim == 1 else weight.mean(axis=1)
 

@@ -26,10 +26,13 @@ from __future__ import annotations
 import glob
 import importlib
 import inspect
+import multiprocessing
 import os
 import warnings
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +54,8 @@ from bayesprism.schema import (
     empty_attrs,
     validate_table,
 )
+
+# tqdm is imported where a progress bar is shown (start-up time of the ingest workers).
 
 HEAD_BYTES = 64 * 1024
 #: Two files of one run whose first kernels are further apart than this are different jobs.
@@ -568,10 +573,6 @@ def _read_in_order(tasks: list[tuple]) -> Iterator[tuple]:
     if workers <= 1:
         yield from (read_file(*t) for t in tasks)
         return
-    import multiprocessing
-    from collections import deque
-    from concurrent.futures import ProcessPoolExecutor
-
     # spawn, not fork: the caller may have imported JAX or started threads
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         pending: deque = deque()

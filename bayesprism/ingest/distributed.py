@@ -48,6 +48,8 @@ from bayesprism.ingest.dispatch import FileFacts, IngestCollector, read_file
 from bayesprism.ingest.signatures import SignatureStats
 from bayesprism.ingest.summary import SummaryAccumulator
 
+# dask and distributed are optional (`bayesprism[dask]`): imported where the engine is used.
+
 #: Ingest engines: this machine (processes per ``BAYESPRISM_INGEST_WORKERS``), or Dask.
 ENGINES: tuple[str, ...] = ("embedded", "dask")
 #: Partial statistics merged per reduction task.

@@ -34,6 +34,8 @@ from bayesprism.ingest.summary import SummaryAccumulator
 from bayesprism.outputs import check_output_path
 from bayesprism.schema import ALL_COLUMNS, ATTRS_KEY, REQUIRED_COLUMNS, _jsonable, read_table
 
+# pyarrow is imported inside the functions that write Parquet (start-up time of the workers).
+
 #: Columns the wait/transfer split reads from the collective rows.
 SPLIT_COLUMNS = ("run", "step", "rank", "kernel", "occurrence", "process_group", "group_size",
                  "start_us", "duration_us")

@@ -36,6 +36,8 @@ from bayesprism.ingest.classify import classify_kernel
 from bayesprism.ingest.files import read_bytes
 from bayesprism.schema import ALL_COLUMNS, ALL_NODES, ALL_RANKS, ATTRS_KEY, REQUIRED_COLUMNS
 
+# pyarrow is imported where a Parquet table is read (start-up time of the ingest workers).
+
 UNIT_TO_US = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
 TIME_COLUMNS = ("duration_us", "start_us", "wait_us", "transfer_us")
 SKIP_NAN = "duration_us missing (NaN)"

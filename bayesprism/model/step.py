@@ -154,6 +154,9 @@ from bayesprism.inventory import run_layout
 from bayesprism.layout_prior import load_layout_prior
 from bayesprism.model.prepared import PreparedData
 
+# PyMC, PyTensor and scipy.stats are imported inside the functions that build the graph or
+# its priors (start-up time: importing bayesprism.model must not load PyMC).
+
 MIN_STEPS_PER_RUN = 3
 #: Run levels are centred when (median standard error of a run's median) / (sd of run medians
 #: within a configuration) is below this.

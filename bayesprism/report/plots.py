@@ -24,6 +24,8 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from bayesprism.report.sections import duration_unit
 
+# PIL and arviz_plots are imported inside the figures that use them (start-up time).
+
 LEVEL_COLORS = {
     "node": "#1f77b4",
     "gpu": "#ff7f0e",
