@@ -43,9 +43,7 @@ def traced_path(tmp_path_factory):
 
 
 def run_json(capsys, *argv) -> dict:
-    # forecast's --json takes a path ('-': stdout); the analysis commands' is a switch
-    target = ["-"] if argv[0] == "forecast" else []
-    assert main([*map(str, argv), "--json", *target, "--quiet"]) == 0
+    assert main([*map(str, argv), "--json", "--quiet"]) == 0
     return json.loads(capsys.readouterr().out)
 
 

@@ -215,7 +215,7 @@ def test_cli_end_to_end_json_and_netcdf(tmp_path, capsys):
     plan_path.write_text('[[plan]]\nname = "a"\ndp = 2\n[[plan]]\nname = "b"\ndp = 16\n')
     out_json, out_nc = tmp_path / "fc.json", tmp_path / "fc.nc"
     code = main(["forecast", str(post_path), "--plan", str(plan_path), "--steps", "100",
-                 "--draws", "10", "--json", str(out_json), "-o", str(out_nc),
+                 "--draws", "10", "-o", str(out_json), "-o", str(out_nc),
                  "--include-draws", "--quiet"])
     assert code == 0
     summary = json.loads(out_json.read_text())
@@ -230,6 +230,27 @@ def test_cli_end_to_end_json_and_netcdf(tmp_path, capsys):
     code = main(["forecast", str(post_path), "--dp", "0", "--quiet"])
     assert code == 2
     assert "command line: dp: must be a positive integer, e.g. 0" in capsys.readouterr().err
+
+
+def test_cli_json_is_a_flag_and_the_old_json_path_still_writes_with_a_warning(tmp_path, capsys):
+    from bayesprism import io
+    from bayesprism.cli.main import main
+
+    post_path = tmp_path / "post.nc"
+    io.save(gemm_only(draws=5), post_path)
+    common = ["--dp", "2", "--draws", "3", "--replicates", "2"]
+    # the flag, after or before the posterior: one JSON object on stdout, nothing on stderr
+    for argv in (["forecast", str(post_path), *common, "--json"],
+                 ["forecast", "--json", str(post_path), *common]):
+        assert main(argv) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out)["plans"][0]["name"] and "FutureWarning" not in err
+    # the spelling of earlier releases: the file is written, the table printed, a warning said
+    old = tmp_path / "old.txt"
+    assert main(["forecast", str(post_path), *common, "--json", str(old)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(old.read_text())["plans"] and "median" in out
+    assert f"--json {old}: --json is a flag now" in err and f"-o {old}" in err
 
 
 # ---------------------------------------------------------------------------- real traces
