@@ -40,7 +40,7 @@ def test_critical_path_class_dominates_an_overlapped_high_variance_class(noisy_p
     assert ranked[0] == ("gemm", "gpustep")
     gemm = _entry(result, "gemm", "gpustep")
     assert gemm["p95_delta_ci90"][0] > 0
-    assert gemm["slowdown_p_delta"]["0.05"] > 0.5
+    assert gemm["slowdown_p_delta"]["1.05"] > 0.5
     # high variance is not high impact: the overlapped collective changes nothing at all ...
     allreduce = _entry(result, "allreduce", "collective")
     assert allreduce["p95_delta_s"] == 0.0 and allreduce["p95_delta_ci90"] == [0.0, 0.0]

@@ -62,6 +62,22 @@ def test_no_change_gives_exactly_zero_deltas_under_variability():
     assert result["base"]["p95_s"] > result["base"]["ideal_step_time_s"]
 
 
+def test_thresholds_are_ratios_and_the_old_fractions_still_work_with_a_warning():
+    """1.10 asks for P(step > 1.10 x ideal), keyed "1.10" as in forecast; 0.1, the spelling
+    of earlier releases, gives the same numbers with a FutureWarning."""
+    post = analysis_posterior(draws=6, scales={"gpustep": {"gemm": 0.2}})
+    args = (post, analysis_plan(dp=2), {"faster": {"gemm": 0.1}})
+    ratio = what_if(*args, draws=6, replicates=8, thresholds=(1.02, 1.10))
+    assert list(ratio["base"]["slowdown_p"]) == ["1.02", "1.10"]
+    assert ratio["thresholds"] == [1.02, 1.10]
+    with pytest.warns(FutureWarning, match="read as fractions"):
+        old = what_if(*args, draws=6, replicates=8, thresholds=(0.02, 0.1))
+    assert old["base"] == ratio["base"] and old["deltas"] == ratio["deltas"]
+    base = ratio["base"]
+    assert 0 < base["slowdown_p"]["1.02"] and base["slowdown_p"]["1.10"] <= base["slowdown_p"][
+        "1.02"]
+
+
 def test_microbatches_and_schedule_match_direct_compositions_with_the_same_seed():
     post = analysis_posterior(draws=8, scales={"gpustep": {"gemm": 0.1}})
     base_plan = analysis_plan(dp=1, pp=4, microbatches=4, schedule="gpipe", activation_bytes=1e6)

@@ -4,6 +4,11 @@ summarise per posterior draw (the toolkit of sensitivity, what-if and placement)
 Statistics are computed per posterior draw (over that draw's replicates, i.e. step-to-step
 variability), then summarised across draws: the point estimate is the mean over draws of the
 per-draw value, the interval the 5%–95% quantiles across draws (parameter uncertainty).
+
+Slowdown thresholds are ratios, as in ``bayesprism.forecast``: 1.05 asks for P(step time >
+1.05 × ideal step time), i.e. 5 % over, and results are keyed ``"1.05"``. The fraction spelling
+of earlier releases (0.05) is still accepted, with a ``FutureWarning``
+(:func:`slowdown_ratios`).
 """
 
 from __future__ import annotations
@@ -18,15 +23,42 @@ import xarray as xr
 from bayesprism.errors import InputError, Problem
 from bayesprism.forecast.composition import compose
 from bayesprism.forecast.draws import StepDraws
+from bayesprism.forecast.forecasting import _threshold_key as threshold_key
 
-#: Slowdown thresholds reported by default: P(step time > (1 + x) × ideal step time).
-THRESHOLDS: tuple[float, ...] = (0.05, 0.10)
+#: Slowdown thresholds reported by default, as ratios: P(step time > x × ideal step time).
+THRESHOLDS: tuple[float, ...] = (1.05, 1.10)
 
 __all__ = [
     "THRESHOLDS", "PerDraw", "check_kernel_posterior", "compose_with_seed", "estimate",
-    "reduction", "scale_variable", "shift_variable", "summary", "threshold_key",
-    "zero_reduction",
+    "reduction", "scale_variable", "shift_variable", "slowdown_ratios", "summary",
+    "threshold_key", "zero_reduction",
 ]
+
+
+def slowdown_ratios(thresholds: Sequence[float]) -> list[float]:
+    """Slowdown thresholds as ratios (1.05: 5 % over the ideal step time).
+
+    A value below 1 is the fraction spelling of earlier releases (0.05 for 5 % over): it is
+    read as ``1 + x`` with a ``FutureWarning``; it will be an error in the next release.
+
+    Examples
+    --------
+    >>> slowdown_ratios([1.05, 1.1])
+    [1.05, 1.1]
+    """
+    ratios = [float(x) for x in thresholds]
+    bad = [x for x in ratios if not x > 0]
+    if bad:
+        raise InputError(Problem("arguments", "thresholds", "must be ratios above 0 (1.05: "
+                                 "5 % over the ideal step time)", example=bad[0]))
+    old = [x for x in ratios if x < 1]
+    if old:
+        warnings.warn(
+            f"thresholds {', '.join(f'{x:g}' for x in old)} read as fractions over the ideal "
+            f"step time ({', '.join(f'{1 + x:g}' for x in old)} as ratios); thresholds are "
+            "ratios now (1.05 = 5 % over), give those: fractions will be an error in the next "
+            "release", FutureWarning, stacklevel=3)
+    return [1.0 + x if x < 1 else x for x in ratios]
 
 
 # --------------------------------------------------------------------------- posterior editing
@@ -94,7 +126,7 @@ class PerDraw:
     """Per-posterior-draw statistics of step time over that draw's replicates (arrays ``(draw,)``).
 
     ``slowdown_p`` has shape ``(draw, threshold)``: the fraction of replicates slower than
-    ``(1 + threshold) × ideal_step_time_s``.
+    ``threshold × ideal_step_time_s`` (a ratio: 1.05 is 5 % over).
     """
 
     mean_s: np.ndarray
@@ -106,7 +138,7 @@ class PerDraw:
     @classmethod
     def of(cls, step: StepDraws, thresholds: Sequence[float] = THRESHOLDS) -> PerDraw:
         times = np.asarray(step.step_time_s, dtype=float)
-        limits = (1.0 + np.asarray(thresholds, dtype=float)) * step.ideal_step_time_s
+        limits = np.asarray(thresholds, dtype=float) * step.ideal_step_time_s
         return cls(
             mean_s=times.mean(axis=1),
             p50_s=np.quantile(times, 0.5, axis=1),
@@ -121,11 +153,6 @@ def estimate(values: np.ndarray) -> tuple[float, list[float]]:
     values = np.asarray(values, dtype=float)
     lo, hi = np.quantile(values, [0.05, 0.95])
     return float(values.mean()), [float(lo), float(hi)]
-
-
-def threshold_key(threshold: float) -> str:
-    """JSON key of a slowdown threshold: ``0.05 -> "0.05"``, ``0.1 -> "0.1"``."""
-    return f"{threshold:g}"
 
 
 def summary(stats: PerDraw, thresholds: Sequence[float] = THRESHOLDS) -> dict:

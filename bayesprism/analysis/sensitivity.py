@@ -30,6 +30,7 @@ from bayesprism.analysis.counterfactual import (
     compose_with_seed,
     reduction,
     scale_variable,
+    slowdown_ratios,
     summary,
     zero_reduction,
 )
@@ -220,7 +221,8 @@ def sensitivity(
     cluster
         Optional ``bayesprism.plan.Cluster`` passed to the composition.
     thresholds
-        Slowdown thresholds x of P(step time > (1 + x) × ideal step time).
+        Slowdown ratios x of P(step time > x × ideal step time) (1.05: 5 % over; the
+        fraction spelling 0.05 of earlier releases still works, with a ``FutureWarning``).
     progress
         Show a progress bar over the counterfactual compositions.
 
@@ -234,7 +236,7 @@ def sensitivity(
         ``factor``, ``level``, ``p95_delta_s`` (p95 with the source − p95 without it: the
         seconds of tail it causes, > 0 when it lengthens the tail), ``p95_delta_ci90``,
         ``mean_delta_s``, ``mean_delta_ci90``, ``slowdown_p_delta`` and
-        ``slowdown_p_delta_ci90`` (dicts keyed by threshold, e.g. ``"0.05"``: base probability
+        ``slowdown_p_delta_ci90`` (dicts keyed by threshold, e.g. ``"1.05"``: base probability
         − probability without the source), ``p95_share_of_excess`` (``p95_delta_s`` divided by
         the base p95 minus the ideal step time), ``composed`` (false when the source has no
         spread in any draw, so every delta is exactly 0 without composing), and ``halved``: the
@@ -242,6 +244,7 @@ def sensitivity(
         Also ``thresholds``, ``draws``, ``replicates``, ``random_seed``.
     """
     check_kernel_posterior(posterior, "sensitivity")
+    thresholds = slowdown_ratios(thresholds)
     thinned = thin_draws(posterior, draws)
     group = posterior_group(thinned)
 

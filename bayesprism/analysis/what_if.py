@@ -23,6 +23,7 @@ from bayesprism.analysis.counterfactual import (
     estimate,
     scale_variable,
     shift_variable,
+    slowdown_ratios,
     summary,
     threshold_key,
 )
@@ -246,7 +247,7 @@ def what_if(
         ``base`` and ``changed``: summaries (``mean_s``, ``p50_s``, ``p95_s``, ``slowdown_p``
         with ``*_ci90`` intervals and ``ideal_step_time_s``); ``deltas``: changed − base per
         posterior draw (negative = faster), as ``{"mean_s": {"estimate", "ci90"}, "p50_s": ...,
-        "p95_s": ..., "slowdown_p": {"0.05": {"estimate", "ci90"}, ...}}``; ``relative``: the
+        "p95_s": ..., "slowdown_p": {"1.05": {"estimate", "ci90"}, ...}}``; ``relative``: the
         same for changed ÷ base of mean, p50 and p95; ``changes`` (as applied), ``plan`` and
         ``changed_plan``, ``drained`` (node names removed), ``draws``, ``replicates``,
         ``random_seed``. P(slowdown) of each forecast is relative to its own ideal step time,
@@ -261,6 +262,7 @@ def what_if(
         changes = Changes.from_dict(changes)
     else:
         changes = changes.validated()
+    thresholds = slowdown_ratios(thresholds)
     thinned = thin_draws(posterior, draws)
     changed_tree = apply_changes(thinned, changes)
 

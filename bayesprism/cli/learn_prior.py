@@ -31,7 +31,8 @@ def register(sub) -> None:
     parser.add_argument("--draws", type=int, default=1000, help="draws per chain (default 1000)")
     parser.add_argument("--tune", type=int, default=1000, help="warm-up per chain (default 1000)")
     parser.add_argument("--chains", type=int, default=2, help="chains (default 2)")
-    parser.add_argument("--seed", dest="random_seed", type=int, default=0, metavar="SEED",
+    parser.add_argument("--random-seed", "--seed", dest="random_seed", type=int, default=0,
+                        metavar="SEED",
                         help="random seed (default 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_common(parser)

@@ -122,7 +122,7 @@ def format_table(result: dict, plan_name: str) -> str:
             f"{result['relative'][key]['estimate']:>8.3f}")
     for k, delta in result["deltas"]["slowdown_p"].items():
         lo, hi = delta["ci90"]
-        label = f"P(>{1 + float(k):g}x ideal)"
+        label = f"P(>{float(k):g}x ideal)"
         lines.append(f"{label:<14}{base['slowdown_p'][k]:>12.2f}{changed['slowdown_p'][k]:>12.2f}"
                      f"{delta['estimate']:>+12.2f}  {f'{lo:+.2f} to {hi:+.2f}':<22}")
     lines.append(f"({result['draws']} draws x {result['replicates']} steps, seed "
