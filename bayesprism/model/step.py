@@ -137,6 +137,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -306,6 +307,82 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:
         Non-step rows, missing run layouts, fewer than 2 runs or too few steps per run.
     """
     warmup = int(_option(spec, "warmup_steps", WARMUP_STEPS))
+    rows, run_meta = _step_rows(tables)
+    runs = sorted(rows["run"].unique().tolist())
+    layouts = _run_layouts(runs, run_meta)
+    rows, counts, warm = _timed_rows(rows, runs, warmup)
+    layout_frame = pd.DataFrame([layouts[r] for r in runs], index=runs)
+    configs = _Configurations.of(layout_frame, counts, runs)
+    log_y = np.log(rows["duration_us"].to_numpy(dtype=float) * 1e-6)
+    by_run = pd.Series(log_y, index=rows["run"].to_numpy()).groupby(level=0)
+    run_median = by_run.median()
+    run_se = _run_median_se(by_run, runs)
+    parameterisation, se_ratio = _run_parameterisation(run_se, run_median, runs,
+                                                       configs.keys)
+    if str(_option(spec, "run_parameterisation", "auto")) != "auto":
+        parameterisation = str(_option(spec, "run_parameterisation", "auto"))
+    elif _option(spec, "config_effects", True):
+        # with configuration levels integrated out the centred run levels mix on both
+        # ladders (the full GPT-3 ladder, ratio 0.50: R-hat 1.006, ESS 830 in 10 s; the
+        # non-centred variant did not finish in 10 minutes)
+        parameterisation = "centred"
+    run_index = {run: i for i, run in enumerate(runs)}
+    data = {
+        "run_idx": rows["run"].map(run_index).to_numpy(dtype=np.int64),
+        "log_step_time": log_y,
+        **_layout_data(layout_frame, configs, runs),
+        **_run_level_data(run_median.reindex(runs).to_numpy(dtype=float), run_se, configs,
+                          runs),
+    }
+    per_leaf = leaf_sizes(run_meta, runs)
+    if per_leaf is not None:
+        # a stated fabric fact: nodes per leaf switch; a group spread over more nodes crosses
+        # the spine (comm_leaf, on top of the inter-node cost). The gradient group of one
+        # stage is a contiguous block of tp * cp * dp ranks
+        group_nodes = np.ceil((layout_frame["tp"] * layout_frame["cp"] * layout_frame["dp"])
+                              .to_numpy(dtype=float)
+                              / layout_frame["gpus_per_node"].to_numpy(dtype=float))
+        data["leaf_bandwidth"] = np.where(group_nodes > per_leaf, data["inter_bandwidth"], 0.0)
+    layout_prior = resolve_layout_prior(spec)
+    counts_mb = sorted({int(v) for v in layout_frame["microbatches"]})
+    summary = {
+        "rows": len(rows),
+        "runs": len(runs),
+        "skipped": {"warm-up step": warm},
+        "notes": _notes(warmup, counts_mb, layout_prior,
+                        [r for r in runs if not layouts[r]["micro_batch_size_known"]]),
+        "steps_per_run": {r: int(counts[r]) for r in runs},
+    }
+    attrs = {
+        "model_kind": "step",
+        "time_unit": "s",
+        "reference_work": configs.reference_work,
+        "reference_tp_pp": configs.reference_tp_pp,
+        "reference_config": configs.reference,
+        "run_parameterisation": parameterisation,
+        "run_se_to_spread": se_ratio,
+        # the scale terms leave curved ridges (bubble vs. exposed communication): smaller steps
+        "target_accept": float(_option(spec, "target_accept", 0.95)),
+        "mass_matrix": _mass_matrix(spec),
+        "run_population": "normal",
+        "warmup_steps": warmup,
+        "reference_nodes": float(data.pop("reference_nodes")),
+        "fitted_microbatches": json.dumps(counts_mb),
+        "layout_prior": json.dumps(layout_prior, sort_keys=True),
+        "nodes_per_leaf": json.dumps(None if per_leaf is None else
+                                     sorted({int(v) for v in per_leaf if np.isfinite(v)})),
+        "run_layouts": _layouts_json(layout_frame),
+    }
+    coords = {"config": configs.labels, "run": runs, "obs": list(range(len(rows)))}
+    return PreparedData(coords=coords, data=data, attrs=attrs, summary=summary)
+
+
+# --------------------------------------------------------------------------- preparation steps
+
+
+def _step_rows(tables: Sequence[pd.DataFrame]) -> tuple[pd.DataFrame, dict[str, dict]]:
+    """Every table's (run, step, duration) rows and the runs' metadata; tables with other than
+    step rows are refused."""
     problems: list[Problem] = []
     frames = []
     run_meta: dict[str, dict] = {}
@@ -328,8 +405,13 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:
             run_meta[str(run)] = meta
     if problems:
         raise InputError(problems)
-    rows = pd.concat(frames, ignore_index=True)
-    runs = sorted(rows["run"].unique().tolist())
+    return pd.concat(frames, ignore_index=True), run_meta
+
+
+def _run_layouts(runs: list[str], run_meta: dict[str, dict]) -> dict[str, dict]:
+    """Each run's layout (:func:`bayesprism.inventory.run_layout`); a run without one is
+    refused."""
+    problems: list[Problem] = []
     layouts = {}
     for run in runs:
         if run not in run_meta:
@@ -340,13 +422,19 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:
         problems.extend(run_problems)
     if problems:
         raise InputError(problems)
+    return layouts
 
+
+def _timed_rows(rows: pd.DataFrame, runs: list[str], warmup: int
+                ) -> tuple[pd.DataFrame, pd.Series, int]:
+    """The rows after each run's first ``warmup`` steps, the timed steps per run and the
+    number dropped; too few runs or steps are refused."""
     rows = rows.sort_values(["run", "step"], kind="stable")
-    position = rows.groupby("run").cumcount()
-    warm = position < warmup
+    warm = rows.groupby("run").cumcount() < warmup
     rows = rows.loc[~warm]
     counts = rows.groupby("run").size().reindex(runs, fill_value=0)
     short = counts[counts < MIN_STEPS_PER_RUN]
+    problems: list[Problem] = []
     if len(short):
         problems.append(Problem("table", "step",
                                 f"each run needs at least {MIN_STEPS_PER_RUN} timed steps after "
@@ -356,44 +444,62 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:
         problems.append(Problem("table", "run", "the step model needs at least 2 runs", len(runs)))
     if problems:
         raise InputError(problems)
+    return rows, counts, int(warm.sum())
 
-    run_index = {run: i for i, run in enumerate(runs)}
-    layout_frame = pd.DataFrame([layouts[r] for r in runs], index=runs)
-    work = layout_frame["micro_batch_size"] / (layout_frame["tp"] * layout_frame["pp"]
-                                               * layout_frame["cp"])
-    config_cols = ["world_size", "dp", "tp", "pp", "cp", "microbatches", "virtual_stages",
-                   "micro_batch_size"]
-    config_keys = [tuple(row) for row in layout_frame[config_cols].itertuples(index=False)]
-    configs = sorted(set(config_keys))
-    config_labels = [config_label(dict(zip(config_cols, key, strict=True))) for key in configs]
+
+#: Layout fields that make a configuration (runs of one configuration share its level).
+CONFIG_FIELDS = ("world_size", "dp", "tp", "pp", "cp", "microbatches", "virtual_stages",
+                 "micro_batch_size")
+
+
+@dataclass(frozen=True)
+class _Configurations:
+    """The runs' configurations and the reference one (most timed steps), which anchors the
+    scale of the structure: its median is pinned by the data, which decorrelates the per-slot
+    time from the other terms."""
+
+    keys: list[tuple]  # per run
+    distinct: list[tuple]  # sorted
+    labels: list[str]  # of ``distinct``
+    reference: int  # index in ``distinct``
+    reference_runs: list[str]
+    work: pd.Series  # per run: micro_batch_size / (tp * pp * cp)
+    reference_work: float
+    reference_tp_pp: float
+
+    @classmethod
+    def of(cls, layout_frame: pd.DataFrame, counts: pd.Series, runs: list[str]
+           ) -> _Configurations:
+        work = layout_frame["micro_batch_size"] / (layout_frame["tp"] * layout_frame["pp"]
+                                                   * layout_frame["cp"])
+        keys = [tuple(row) for row in layout_frame[list(CONFIG_FIELDS)].itertuples(index=False)]
+        distinct = sorted(set(keys))
+        labels = [config_label(dict(zip(CONFIG_FIELDS, key, strict=True))) for key in distinct]
+        steps_per_config = pd.Series(counts.reindex(runs).to_numpy(), index=keys)
+        reference = steps_per_config.groupby(level=0).sum().idxmax()
+        reference_runs = [r for r, k in zip(runs, keys, strict=True) if k == reference]
+        first = reference_runs[0]
+        return cls(keys, distinct, labels, distinct.index(reference), reference_runs,
+                   work, float(work[first]),
+                   float(layout_frame.loc[first, "tp"] * layout_frame.loc[first, "pp"]))
+
+
+def _layout_data(layout_frame: pd.DataFrame, configs: _Configurations, runs: list[str]
+                 ) -> dict[str, np.ndarray]:
+    """Per run: its configuration, layout, bubble slots, all-reduce factors, relative work,
+    max-of-ranks moments and node count relative to the reference's."""
     emax, smax = max_normal_moments(layout_frame["world_size"].to_numpy())
-    log_y = np.log(rows["duration_us"].to_numpy(dtype=float) * 1e-6)
-    # The reference configuration (most timed steps) anchors the scale of the structure: its
-    # median is pinned by the data, which decorrelates the per-slot time from the other terms.
-    steps_per_config = pd.Series(counts.reindex(runs).to_numpy(), index=config_keys)
-    reference = steps_per_config.groupby(level=0).sum().idxmax()
-    reference_runs = [r for r, k in zip(runs, config_keys, strict=True) if k == reference]
-    reference_work = float(work[reference_runs[0]])
-    reference_tp_pp = float(layout_frame.loc[reference_runs[0], "tp"]
-                            * layout_frame.loc[reference_runs[0], "pp"])
-    by_run = pd.Series(log_y, index=rows["run"].to_numpy()).groupby(level=0)
-    run_median = by_run.median()
-    prior_center = float(np.median(run_median[reference_runs].to_numpy()))
-    parameterisation = str(_option(spec, "run_parameterisation", "auto"))
-    run_se = _run_median_se(by_run, runs)
-    auto, se_ratio = _run_parameterisation(run_se, run_median, runs, config_keys)
-    if parameterisation == "auto":
-        # with configuration levels integrated out the centred run levels mix on both
-        # ladders (the full GPT-3 ladder, ratio 0.50: R-hat 1.006, ESS 830 in 10 s; the
-        # non-centred variant did not finish in 10 minutes)
-        parameterisation = "centred" if _option(spec, "config_effects", True) else auto
-
-    data = {
-        "run_idx": rows["run"].map(run_index).to_numpy(dtype=np.int64),
-        "config_idx": np.array([configs.index(k) for k in config_keys], dtype=np.int64),
+    # nodes of each run (spikes: a step waits for the slowest node, so their rate grows with
+    # the node count); relative to the reference layout's, where spike_logit is anchored
+    nodes = np.maximum(np.ceil(layout_frame["world_size"].to_numpy(dtype=float)
+                               / layout_frame["gpus_per_node"].to_numpy(dtype=float)), 1.0)
+    reference_nodes = float(nodes[runs.index(configs.reference_runs[0])])
+    return {
+        "config_idx": np.array([configs.distinct.index(k) for k in configs.keys],
+                               dtype=np.int64),
         # one run of each configuration: they share the structural median
-        "config_run": np.array([config_keys.index(k) for k in configs], dtype=np.int64),
-        "log_step_time": log_y,
+        "config_run": np.array([configs.keys.index(k) for k in configs.distinct],
+                               dtype=np.int64),
         "microbatches": layout_frame["microbatches"].to_numpy(dtype=float),
         "pp": layout_frame["pp"].to_numpy(dtype=float),
         "virtual_stages": layout_frame["virtual_stages"].to_numpy(dtype=float),
@@ -403,75 +509,44 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:
                                                        layout_frame["virtual_stages"].to_numpy()),
         **comm_terms(layout_frame["dp"] * layout_frame["cp"], layout_frame["tp"],
                      layout_frame["pp"], layout_frame["tp"] * layout_frame["cp"]
-                     * layout_frame["dp"], layout_frame["gpus_per_node"], reference_tp_pp),
-        "log_relative_work": np.log(work.to_numpy(dtype=float) / reference_work),
+                     * layout_frame["dp"], layout_frame["gpus_per_node"],
+                     configs.reference_tp_pp),
+        "log_relative_work": np.log(configs.work.to_numpy(dtype=float) / configs.reference_work),
         "max_rank_mean": emax.astype(float),
         "max_rank_sd": smax.astype(float),
-        "prior_center": np.asarray(prior_center),
-        # each run's observed median log step time and its standard error: the sampler's
-        # coordinates for the run levels (see build_step)
-        "run_center": run_median.reindex(runs).to_numpy(dtype=float),
-        **_config_anchor(run_median.reindex(runs).to_numpy(dtype=float), run_se,
-                         [configs.index(k) for k in config_keys], len(configs)),
-        "run_scale": np.maximum(run_se, 1e-6),
-        "reference_scale": np.asarray(max(float(np.std(run_median[reference_runs].to_numpy())),
-                                          float(np.median(run_se)), 1e-4)),
-        "reference_run": np.asarray(runs.index(reference_runs[0]), dtype=np.int64),
+        "log_nodes_rel": np.log(nodes / reference_nodes),
+        "reference_nodes": np.asarray(reference_nodes),  # moved to the attrs by prepare_step
     }
-    # nodes of each run (spikes: a step waits for the slowest node, so their rate grows with
-    # the node count); relative to the reference layout's, where spike_logit is anchored
-    nodes = np.maximum(np.ceil(layout_frame["world_size"].to_numpy(dtype=float)
-                               / layout_frame["gpus_per_node"].to_numpy(dtype=float)), 1.0)
-    reference_nodes = float(nodes[runs.index(reference_runs[0])])
-    data["log_nodes_rel"] = np.log(nodes / reference_nodes)
-    # a stated fabric fact: nodes per leaf switch; a group spread over more nodes crosses the
-    # spine (comm_leaf, on top of the inter-node cost)
-    per_leaf = leaf_sizes(run_meta, runs)
-    if per_leaf is not None:
-        # the gradient group of one stage is a contiguous block of tp * cp * dp ranks
-        group_nodes = np.ceil((layout_frame["tp"] * layout_frame["cp"] * layout_frame["dp"])
-                              .to_numpy(dtype=float)
-                              / layout_frame["gpus_per_node"].to_numpy(dtype=float))
-        data["leaf_bandwidth"] = np.where(group_nodes > per_leaf, data["inter_bandwidth"], 0.0)
-    layout_prior = resolve_layout_prior(spec)
-    unknown_mbs = [r for r in runs if not layouts[r]["micro_batch_size_known"]]
+
+
+def _run_level_data(run_median: np.ndarray, run_se: np.ndarray, configs: _Configurations,
+                    runs: list[str]) -> dict[str, np.ndarray]:
+    """The sampler's coordinates of the run and configuration levels: each run's observed
+    median log step time and its standard error (see :func:`build_step`)."""
+    reference = np.array([runs.index(r) for r in configs.reference_runs])
+    return {
+        "prior_center": np.asarray(float(np.median(run_median[reference]))),
+        "run_center": run_median,
+        **_config_anchor(run_median, run_se, [configs.distinct.index(k) for k in configs.keys],
+                         len(configs.distinct)),
+        "run_scale": np.maximum(run_se, 1e-6),
+        "reference_scale": np.asarray(max(float(np.std(run_median[reference])),
+                                          float(np.median(run_se)), 1e-4)),
+        "reference_run": np.asarray(reference[0], dtype=np.int64),
+    }
+
+
+def _notes(warmup: int, counts_mb: list[int], layout_prior: dict, unknown_mbs: list[str]
+           ) -> list[str]:
+    """The fit's notes: warm-up dropped, separability, priors used, assumed micro-batch size."""
     notes = [f"dropped the first {warmup} timed step(s) of each run as warm-up"]
-    counts_mb = sorted({int(v) for v in layout_frame["microbatches"]})
     if len(counts_mb) == 1:
         notes.append(separability_note(counts_mb[0]))
     notes.append(f"layout-deviation and spike-growth priors: {layout_prior['source']}")
     if unknown_mbs:
         notes.append(f"micro-batch size unknown for {len(unknown_mbs)} run(s) "
                      f"(no global batch size): assumed 1, e.g. {unknown_mbs[0]}")
-    summary = {
-        "rows": len(rows),
-        "runs": len(runs),
-        "skipped": {"warm-up step": int(warm.sum())},
-        "notes": notes,
-        "steps_per_run": {r: int(counts[r]) for r in runs},
-    }
-    attrs = {
-        "model_kind": "step",
-        "time_unit": "s",
-        "reference_work": reference_work,
-        "reference_tp_pp": reference_tp_pp,
-        "reference_config": configs.index(reference),
-        "run_parameterisation": parameterisation,
-        "run_se_to_spread": se_ratio,
-        # the scale terms leave curved ridges (bubble vs. exposed communication): smaller steps
-        "target_accept": float(_option(spec, "target_accept", 0.95)),
-        "mass_matrix": _mass_matrix(spec),
-        "run_population": "normal",
-        "warmup_steps": warmup,
-        "reference_nodes": reference_nodes,
-        "fitted_microbatches": json.dumps(counts_mb),
-        "layout_prior": json.dumps(layout_prior, sort_keys=True),
-        "nodes_per_leaf": json.dumps(None if per_leaf is None else
-                                     sorted({int(v) for v in per_leaf if np.isfinite(v)})),
-        "run_layouts": _layouts_json(layout_frame),
-    }
-    coords = {"config": config_labels, "run": runs, "obs": list(range(len(rows)))}
-    return PreparedData(coords=coords, data=data, attrs=attrs, summary=summary)
+    return notes
 
 
 def _config_anchor(run_median: np.ndarray, run_se: np.ndarray, config_idx: list[int],
