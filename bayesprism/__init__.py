@@ -45,11 +45,13 @@ __all__ = ["__version__", *_API]
 
 
 class _Package(types.ModuleType):
-    """The package module: the import system binds every submodule as an attribute of its
-    package, and four functions of the API share their module's name (``forecast``,
-    ``sensitivity``, ``simulate``, ``validate``); for those the function is kept. Binding them
-    eagerly instead imported xarray and SciPy (~1.5 s) with any submodule, the ingest workers'
-    included."""
+    """The package module, which keeps the API's functions over same-named submodules.
+
+    The import system binds every submodule as an attribute of its package, and four functions
+    of the API share their module's name (``forecast``, ``sensitivity``, ``simulate``,
+    ``validate``); for those the function is kept. Binding them eagerly instead imported xarray
+    and SciPy (~1.5 s) with any submodule, the ingest workers' included.
+    """
 
     def __setattr__(self, name: str, value) -> None:
         if name in _API and isinstance(value, types.ModuleType):

@@ -114,8 +114,10 @@ BENCHMARK_FORMATS = ("nccl-tests", "benchmark")
 
 
 def _traced_tables(tables: list[pd.DataFrame]) -> list[pd.DataFrame]:
-    """The tables (or runs) of the traced job, without micro-benchmark runs; all of them when
-    every run is a benchmark."""
+    """The tables (or runs) of the traced job, without micro-benchmark runs.
+
+    All of them when every run is a benchmark.
+    """
     out = []
     for table in tables:
         runs = table.attrs.get("runs") or {}
@@ -149,8 +151,9 @@ _COMPILED_MAX = 4
 
 
 def nutpie_backend() -> str:
-    """The backend nutpie compiles with: ``"jax"`` when JAX is installed, else ``"numba"``
-    (the environment variable ``BAYESPRISM_NUTPIE_BACKEND=jax|numba`` overrides).
+    """The backend nutpie compiles with: ``"jax"`` when JAX is installed, else ``"numba"``.
+
+    The environment variable ``BAYESPRISM_NUTPIE_BACKEND=jax|numba`` overrides.
 
     Measured on the 10 M-launch benchmark model (204,800 cells, 584 parameters): JAX compiles
     in ~2 s where numba's LLVM build of nutpie's callback takes 24-106 s; a log-density +
@@ -340,6 +343,14 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
     -----
     ConvergenceWarning
         Divergences, R-hat > 1.01 or bulk ESS < 100 × chains (NUTS samplers).
+
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> table = bp.read_traces("data/kineto/param_dlrm_8rank", progress=False)  # doctest: +SKIP
+    >>> posterior = bp.fit(table, "default", random_seed=0)  # doctest: +SKIP
+    >>> posterior.attrs["model_kind"]  # doctest: +SKIP
+    'kernel'
     """
     tables = [signature_as_kernel(t) for t in _as_tables(tables)]
     problems = [

@@ -92,6 +92,13 @@ def save(posterior: xr.DataTree, path: str | os.PathLike) -> Path:
     ------
     ArtifactError
         If ``posterior`` is not a bayesprism DataTree.
+
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> posterior = bp.fit(table, random_seed=0)  # doctest: +SKIP
+    >>> bp.save(posterior, "posterior.nc")  # doctest: +SKIP
+    PosixPath('posterior.nc')
     """
     path = Path(path)
     if not isinstance(posterior, xr.DataTree) or "bayesprism_version" not in posterior.attrs:
@@ -124,6 +131,15 @@ def load(path: str | os.PathLike, expect: str | None = None) -> xr.DataTree:
         the expected kind, of another artifact schema version or a newer major package
         version, its model kind disagrees with its spec or inventory, or its spec does not
         match its recorded hash.
+
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> posterior = bp.load("posterior.nc", expect="posterior")  # doctest: +SKIP
+    >>> bp.load("posterior.nc", expect="forecast")  # doctest: +SKIP
+    Traceback (most recent call last):
+    ...
+    bayesprism.errors.ArtifactError: posterior.nc: artifact: ... expected a forecast
     """
     path = Path(path)
     what = f"a {expect} file (netCDF written by `{ARTIFACT_KINDS[expect]}`)" if expect \

@@ -186,6 +186,12 @@ class ParallelPlan:
         a cost tier when a gradient group spans more (``bayesprism.forecast.stepscale``; optional).
     source
         Where the plan came from (file path), used in error messages.
+
+    Examples
+    --------
+    >>> plan = ParallelPlan(dp=8, tp=4, pp=2, microbatches=8)
+    >>> plan.gpus, plan.name
+    (64, 'dp8-tp4-pp2-m8-1f1b')
     """
 
     dp: int = 1
@@ -406,6 +412,11 @@ class Cluster:
         drawn from the population.
     source
         Where the cluster came from, for error messages.
+
+    Examples
+    --------
+    >>> Cluster(gpus_per_node=4, nodes=("n1", "n2")).nodes
+    ('n1', 'n2')
     """
 
     gpus_per_node: int = 8

@@ -283,6 +283,13 @@ def simulate(
     InputError
         On impossible sizes (non-positive counts, too few kernels per step, more degraded
         nodes than nodes), or when ``out_dir`` already holds other trace files.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> truth = simulate(tempfile.mkdtemp(), nodes=2, gpus_per_node=2, steps=3, kernels_per_step=40)
+    >>> truth["world_size"], len(truth["files"])
+    (4, 4)
     """
     _check_arguments(
         nodes, gpus_per_node, steps, degraded_nodes, kernels_per_step, allreduce_buckets
@@ -312,22 +319,10 @@ def simulate(
                   roles=roles, names=names, bucket_bytes=bucket_bytes, first_step=first_step,
                   start=start, dur=dur, host=host, gpu_name=gpu_name)
     written = _truth(
-        seed=seed,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        world=world,
-        steps=steps,
-        first_step=first_step,
-        hosts=hosts,
-        degraded_shift=degraded_shift,
-        gpu_name=gpu_name,
-        roles=roles,
-        scales=scales,
-        drawn=truth,
-        coll=coll,
-        bucket_bytes=bucket_bytes,
-        files=files,
-        kernels_per_step=len(roles),
+        seed=seed, nodes=nodes, gpus_per_node=gpus_per_node, world=world, steps=steps,
+        first_step=first_step, hosts=hosts, degraded_shift=degraded_shift, gpu_name=gpu_name,
+        roles=roles, scales=scales, drawn=truth, coll=coll, bucket_bytes=bucket_bytes,
+        files=files, kernels_per_step=len(roles),
     )
     (out / "truth.json").write_text(json.dumps(written, indent=1, sort_keys=True) + "\n")
     return written
@@ -417,8 +412,10 @@ def _draw_truth(rng: np.random.Generator, roles: list[str], bucket_bytes: list[f
 
 def _kernel_durations(rng: np.random.Generator, roles: list[str], scales: dict, drawn: _Drawn,
                       gpus_per_node: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Compute kernels' durations (steps, ranks, compute launches), the launch gaps (steps,
-    ranks, launches) and the host work between steps (steps, ranks), vectorised (µs)."""
+    """Compute kernels' durations, launch gaps and host work between steps (µs, vectorised).
+
+    Shapes: (steps, ranks, compute launches), (steps, ranks, launches) and (steps, ranks).
+    """
     steps, world = drawn.gpustep_effect.shape
     compute_roles = [r for r in roles if r != "allreduce"]
     cls_of = np.array([KERNEL_CATALOGUE[r][1] for r in compute_roles])
@@ -440,9 +437,11 @@ def _kernel_durations(rng: np.random.Generator, roles: list[str], scales: dict, 
 def _timeline(rng: np.random.Generator, roles: list[str], compute_dur: np.ndarray,
               gaps: np.ndarray, step_gap: np.ndarray, transfer: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray]:
-    """Start and duration (steps, ranks, launches) of every kernel: compute back to back after
-    its gap; a collective starts at each rank's arrival and ends at the last one's plus the
-    transfer."""
+    """Start and duration (steps, ranks, launches) of every kernel.
+
+    Compute kernels run back to back after their gaps; a collective starts at each rank's
+    arrival and ends at the last one's plus the transfer.
+    """
     steps, world, n_k = gaps.shape
     is_coll = np.array([r == "allreduce" for r in roles])
     start = np.zeros((steps, world, n_k))
@@ -486,8 +485,10 @@ def _host_side(rng: np.random.Generator, start: np.ndarray, gaps: np.ndarray) ->
 
 
 def _check_out_dir(out: Path, files: list[str]) -> None:
-    """Refuse a folder holding trace files of another simulation: a folder is one run for the
-    readers, mixing two would corrupt it."""
+    """Refuse a folder holding trace files of another simulation.
+
+    A folder is one run for the readers: mixing two would corrupt it.
+    """
     stale = sorted(p.name for p in out.glob("*.pt.trace.json*") if p.name not in files)
     if stale:
         raise InputError(

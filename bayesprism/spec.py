@@ -123,6 +123,13 @@ class ModelSpec:
         Threshold of the ``auto`` parameterisation.
     step
         Options of the step-level model (``kind = "step"``), read by ``bayesprism.model.step``.
+
+    Examples
+    --------
+    >>> ModelSpec.load("default").kind
+    'kernel'
+    >>> ModelSpec.load("step").kind
+    'step'
     """
 
     name: str = "default"

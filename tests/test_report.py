@@ -219,7 +219,7 @@ def test_the_answer_opens_the_report_then_data_then_diagnostics(html, inputs):
 
 
 def test_single_plan_report_draws_the_answer_without_a_gpu_axis(inputs, tmp_path):
-    from bayesprism.report.plots import png_title
+    from figures import png_title
 
     fit, forecast, diagnosis = inputs
     one = forecast.to_dataset().isel(plan=[0])

@@ -87,6 +87,10 @@ class Source:
         return group
 
     def has_spread(self, group: xr.Dataset) -> bool:
+        """Whether any of the source's variables is non-zero in ``group``.
+
+        Otherwise removing the source changes nothing, and it is not composed.
+        """
         for name in self.variables:
             var = group[name]
             if self.labels is not None:
@@ -143,8 +147,10 @@ def idle_has_spread(posterior: xr.DataTree) -> bool:
 
 
 def with_idle_scaled(posterior: xr.DataTree, multiplier: float) -> xr.DataTree:
-    """A copy of ``posterior`` whose traced host idle deviates from each synchronisation's mean
-    ``multiplier`` times as much (0: every rank idles the mean; 0.5: half the spread).
+    """A copy of ``posterior`` with the traced host idle's spread times ``multiplier``.
+
+    Each rank's idle deviates from its synchronisation's mean ``multiplier`` times as much
+    (0: every rank idles the mean; 0.5: half the spread).
 
     The idle law is fitted from these values (gamma with their mean and variance), so its mean
     is kept and its sd scales by ``multiplier``: removing the source keeps the host work and
@@ -242,6 +248,14 @@ def sensitivity(
         spread in any draw, so every delta is exactly 0 without composing), and ``halved``: the
         same ``*_delta*`` keys for the loading halved instead of removed.
         Also ``thresholds``, ``draws``, ``replicates``, ``random_seed``.
+
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> posterior = bp.load("posterior.nc")  # doctest: +SKIP
+    >>> result = sensitivity(posterior, bp.ParallelPlan(dp=512))  # doctest: +SKIP
+    >>> [(c["factor"], c["level"]) for c in result["contributions"][:2]]  # doctest: +SKIP
+    [('gemm', 'gpustep'), ('all', 'node')]
     """
     check_kernel_posterior(posterior, "sensitivity")
     thresholds = slowdown_ratios(thresholds)

@@ -64,6 +64,11 @@ class Changes:
         Pipeline schedule replacing the plan's (``"1f1b"``, ``"zero-bubble"``, ...).
     microbatches
         Micro-batch count replacing the plan's.
+
+    Examples
+    --------
+    >>> Changes.from_dict({"faster": {"gemm": 0.1}, "drain": 2}).to_dict()
+    {'faster': {'gemm': 0.1}, 'drain': 2}
     """
 
     faster: Mapping[str, float] = field(default_factory=dict)
@@ -252,6 +257,15 @@ def what_if(
         ``changed_plan``, ``drained`` (node names removed), ``draws``, ``replicates``,
         ``random_seed``. P(slowdown) of each forecast is relative to its own ideal step time,
         as in ``forecast``.
+
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> posterior = bp.load("posterior.nc")  # doctest: +SKIP
+    >>> faster = {"faster": {"gemm": 0.1}}
+    >>> result = what_if(posterior, bp.ParallelPlan(dp=64), faster)  # doctest: +SKIP
+    >>> result["deltas"]["p95_s"]["estimate"] < 0  # doctest: +SKIP
+    True
     """
     check_kernel_posterior(posterior, "what-if")
     if not isinstance(changes, Changes):

@@ -144,6 +144,13 @@ def diagnose(
     Returns
     -------
     DiagnosisReport
+
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> report = diagnose(bp.load("posterior.nc"))  # doctest: +SKIP
+    >>> report.ok, report.max_rhat  # doctest: +SKIP
+    (True, 1.004)
     """
     if "posterior" not in posterior.children:
         raise ArtifactError(Problem("posterior", "posterior", "the fit has no posterior group"))

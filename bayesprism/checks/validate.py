@@ -73,6 +73,7 @@ class HeldoutPrediction:
 
     @property
     def n_observed(self) -> int:
+        """Held-out observations scored."""
         return int(sum(np.size(obs) for _, obs in self.groups))
 
     def scores(self, rng: np.random.Generator) -> dict[str, float]:
@@ -259,7 +260,7 @@ def fit_bayesprism(
     seed: int,
     progress: bool,
 ) -> xr.DataTree:
-    """bayesprism's fit of ``table`` (spec ``model``, or the step spec for step tables)."""
+    """Bayesprism's fit of ``table`` (spec ``model``, or the step spec for step tables)."""
     spec = model if model is not None else ("step" if is_step_table(table) else None)
     return fit(
         table, spec, draws=draws, tune=tune, chains=chains, random_seed=seed, progress=progress
@@ -312,6 +313,14 @@ def validate(
         ``attrs`` hold ``pit`` (method → PIT values), ``skipped`` (method → reason → count),
         ``on_transfer`` (collective launches scored on their transfer part),
         ``unit`` and ``split``.
+
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> from bayesprism.checks.splits import split_table
+    >>> table = bp.read_traces("data/kineto/param_dlrm_8rank", progress=False)  # doctest: +SKIP
+    >>> fit_part, heldout = split_table(table, "ranks", fraction=0.25)  # doctest: +SKIP
+    >>> scores = validate(fit_part, heldout)  # doctest: +SKIP
     """
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
@@ -429,8 +438,11 @@ def resampled_slowest(
     rng: np.random.Generator,
     kernel: str | None = None,
 ) -> dict[int, np.ndarray]:
-    """The slowest of k held-out GPUs by resampling: ``ceil(k/gpn)`` held-out nodes drawn with
-    replacement, their first k GPUs, one random run of ``kernel`` on each; the maximum."""
+    """The slowest of k held-out GPUs by resampling.
+
+    ``ceil(k/gpn)`` held-out nodes drawn with replacement, their first k GPUs, one random run
+    of ``kernel`` on each; the maximum.
+    """
     kernel = kernel or str(heldout["kernel"].astype(str).value_counts().index[0])
     rows = heldout.loc[heldout["kernel"].astype(str) == kernel]
     gpn = _gpus_per_node(heldout)

@@ -100,31 +100,8 @@ def draw_effects(posterior, level: str, n_units: int, rng: np.random.Generator) 
     return rng.standard_normal((n, n_units)) * spread + slow * p["shift"][:, None]
 
 
-def population_sf(posterior, level: str, x) -> np.ndarray:
-    """Survival function P(z > x) of the population in every posterior draw.
-
-    Returns an array of shape ``(chain*draw,) + np.shape(x)``.
-    """
-    p = population_parameters(posterior, level)
-    return _sf(p, np.asarray(x, dtype=float))
-
-
-def population_cdf(posterior, level: str, x) -> np.ndarray:
-    """CDF P(z <= x) of the population per posterior draw, shape ``(chain*draw,) + x.shape``."""
-    return 1.0 - population_sf(posterior, level, x)
-
-
 def _expand(param: np.ndarray, x: np.ndarray) -> np.ndarray:
     return param.reshape((-1,) + (1,) * x.ndim)
-
-
-def _sf(p: dict, x: np.ndarray) -> np.ndarray:
-    n = int(p["n_draws"])
-    if p["family"] == "normal":
-        return np.broadcast_to(special.ndtr(-x), (n, *x.shape)).copy()
-    if p["family"] == "student_t":
-        return special.stdtr(_expand(p["nu"], x), -x)
-    return mixture_sf(*(_expand(p[k], x) for k in ("weight", "shift", "slow_sd")), x)
 
 
 def mixture_sf(weight, shift, slow_sd, x) -> np.ndarray:
@@ -169,40 +146,4 @@ def population_quantile(posterior, level: str, q) -> np.ndarray:
     p = population_parameters(posterior, level)
     n = int(p["n_draws"])
     tail = np.broadcast_to(1.0 - q, (n, *q.shape))
-    return _isf(p, tail)
-
-
-def max_quantile(posterior, level: str, n_units: int, q) -> np.ndarray:
-    """Quantile ``q`` of the maximum of ``n_units`` independent new units, per posterior draw.
-
-    P(max <= x) = F(x)^N, so the q-quantile of the maximum is the population's
-    (1 − q^(1/N))-upper quantile; computed with ``expm1`` so N = 10^5 keeps full precision.
-    Shape ``(chain*draw,) + np.shape(q)``.
-    """
-    if n_units < 1:
-        raise ValueError(f"n_units must be >= 1, got {n_units}")
-    q = np.asarray(q, dtype=float)
-    if np.any((q <= 0) | (q >= 1)):
-        raise ValueError("quantile levels must lie strictly between 0 and 1")
-    p = population_parameters(posterior, level)
-    n = int(p["n_draws"])
-    tail = -np.expm1(np.log(q) / n_units)
-    return _isf(p, np.broadcast_to(tail, (n, *q.shape)))
-
-
-def draw_max_effects(
-    posterior, level: str, n_units: int, rng: np.random.Generator, size: int = 1
-) -> np.ndarray:
-    """Draws of the maximum standardised effect over ``n_units`` new units, without drawing them.
-
-    Inverse-CDF sampling of the maximum (cost independent of ``n_units``): shape
-    ``(chain*draw, size)``. Equal in distribution to ``draw_effects(...).max(axis=1)``.
-    """
-    if n_units < 1:
-        raise ValueError(f"n_units must be >= 1, got {n_units}")
-    p = population_parameters(posterior, level)
-    n = int(p["n_draws"])
-    u = rng.random((n, size))
-    # max <= x with prob F(x)^N = u  <=>  upper tail of x is 1 - u^(1/N)
-    tail = np.clip(-np.expm1(np.log(u) / n_units), 1e-300, 1.0 - 1e-16)
     return _isf(p, tail)

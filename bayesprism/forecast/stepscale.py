@@ -48,14 +48,7 @@ import numpy as np
 import xarray as xr
 from scipy import special
 
-from bayesprism.costs.step import (
-    LEAF_PRIOR,
-    comm_terms,
-    config_label,
-    max_normal_moments,
-    schedule_bubble_slots,
-    separability_note,
-)
+from bayesprism.costs import step as formulas
 from bayesprism.errors import InputError, Problem
 from bayesprism.forecast.draws import StepDraws
 from bayesprism.posterior import flat_draws, posterior_dataset
@@ -201,7 +194,8 @@ def _leaf_cost(ds: xr.Dataset, attrs: dict, plan, layout: dict, terms: dict,
     if "comm_leaf" in ds:
         cost = flat_draws(ds["comm_leaf"])
     else:
-        cost = np.exp(LEAF_PRIOR[0] + LEAF_PRIOR[1] * rng.standard_normal(n_draws))
+        mu, sigma = formulas.LEAF_PRIOR
+        cost = np.exp(mu + sigma * rng.standard_normal(n_draws))
     return cost * float(terms["inter_bandwidth"])
 
 
@@ -236,8 +230,9 @@ def compose_steps(posterior, plan, *, replicates: int = 8,
     layout = target_layout(plan, attrs)
     fitted_mb = json.loads(attrs.get("fitted_microbatches", "[]") or "[]")
     if len(fitted_mb) == 1 and layout["microbatches"] != fitted_mb[0]:
-        warnings.warn(f"forecast at {layout['microbatches']} micro-batch(es): "
-                      + separability_note(fitted_mb[0]), SeparabilityWarning, stacklevel=2)
+        note = formulas.separability_note(fitted_mb[0])
+        warnings.warn(f"forecast at {layout['microbatches']} micro-batch(es): {note}",
+                      SeparabilityWarning, stacklevel=2)
     p = {name: flat_draws(ds[name]) for name in PARAMETERS}
     n_draws = p["mb_log_median"].shape[0]
     if "reference_work" not in attrs:
@@ -245,24 +240,25 @@ def compose_steps(posterior, plan, *, replicates: int = 8,
                                  "is missing: not a step-model fit by bayesprism.fit"))
     reference_work = float(attrs["reference_work"])
     work = layout["micro_batch_size"] / (layout["tp"] * layout["pp"] * layout["cp"])
-    emax, smax = (float(v) for v in max_normal_moments(layout["world_size"]))
+    emax, smax = (float(v) for v in formulas.max_normal_moments(layout["world_size"]))
 
     slot = np.exp(p["mb_log_median"] + p["work_exponent"] * np.log(work / reference_work))
-    bubble_slots = p["bubble_efficiency"] * schedule_bubble_slots(layout["pp"],
-                                                                  layout["virtual_stages"])
+    bubble_slots = p["bubble_efficiency"] * formulas.schedule_bubble_slots(
+        layout["pp"], layout["virtual_stages"])
     slots = layout["microbatches"] + bubble_slots
     compute = layout["microbatches"] * slot
     bubble = bubble_slots * slot
-    terms = comm_terms(layout["dp"] * layout["cp"], layout["tp"], layout["pp"],
-                       layout["tp"] * layout["cp"] * layout["dp"], layout["gpus_per_node"],
-                       float(attrs.get("reference_tp_pp", layout["tp"] * layout["pp"])))
+    terms = formulas.comm_terms(layout["dp"] * layout["cp"], layout["tp"], layout["pp"],
+                                layout["tp"] * layout["cp"] * layout["dp"],
+                                layout["gpus_per_node"],
+                                float(attrs.get("reference_tp_pp", layout["tp"] * layout["pp"])))
     comm = np.exp(p["mb_log_median"]) * (p["comm_latency"] * terms["latency_steps"]
                                          + p["comm_intra"] * terms["intra_bandwidth"]
                                          + p["comm_inter"] * terms["inter_bandwidth"])
     comm = comm + _leaf_cost(ds, attrs, plan, layout, terms, rng) * np.exp(p["mb_log_median"])
     location = np.log((compute + bubble) * np.exp(p["rank_sigma"] * emax) + comm)
     if "config_sd" in ds:
-        label = config_label(layout)
+        label = formulas.config_label(layout)
         configs = [str(c) for c in ds["config"].to_numpy()] if "config" in ds.coords else []
         if label in configs and "config_log_median" in ds:
             location = flat_draws(ds["config_log_median"])[:, configs.index(label)]

@@ -13,16 +13,7 @@ from collections.abc import Mapping
 import pandas as pd
 from pandas.api.types import union_categoricals
 
-from bayesprism.ingest.dispatch import (
-    IngestCollector,
-    collective_mask,
-    expand_paths,
-    iter_frames,
-    raise_problems,
-    reader_options,
-    resolve_strict,
-    split_collectives,
-)
+from bayesprism.ingest import dispatch
 from bayesprism.ingest.distributed import ingest_engine
 from bayesprism.ingest.layout import check_layout
 from bayesprism.ingest.signatures import apply_signatures
@@ -88,23 +79,25 @@ def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict |
     >>> with Client(n_workers=2, threads_per_worker=1) as client:             # doctest: +SKIP
     ...     same = read_traces("data/kineto/param_dlrm_8rank", engine="dask", client=client)
     """
-    files, problems = expand_paths(paths)
-    collector = IngestCollector(problems=list(problems))
-    options = reader_options(gpus_per_node, rank_to_node, column_map, check_layout(layout))
+    files, problems = dispatch.expand_paths(paths)
+    collector = dispatch.IngestCollector(problems=list(problems))
+    options = dispatch.reader_options(gpus_per_node, rank_to_node, column_map,
+                                      check_layout(layout))
     with ingest_engine(engine, client=client, progress=progress) as reads:
-        frames = list(iter_frames(files, options, collector, progress and reads is None,
-                                  read=reads, strict=resolve_strict(strict, reads)))
+        frames = list(dispatch.iter_frames(
+            files, options, collector, progress and reads is None, read=reads,
+            strict=dispatch.resolve_strict(strict, reads)))
         if reads is not None:
             reads.add_totals(collector)
     signatures = collector.finish()
-    raise_problems(collector, bool(frames))
+    dispatch.raise_problems(collector, bool(frames))
     columns = [c for c in ALL_COLUMNS if any(c in f.columns for f in frames)]
     df = concat_frames(frames, columns)
     if signatures and "signature" in df:
         df["signature"] = apply_signatures(df["signature"], signatures)
-    coll = collective_mask(df)
+    coll = dispatch.collective_mask(df)
     if coll.any():
-        wait, transfer = split_collectives(df.loc[coll], collector)
+        wait, transfer = dispatch.split_collectives(df.loc[coll], collector)
         df.loc[coll, "wait_us"] = wait
         df.loc[coll, "transfer_us"] = transfer
     attrs = collector.attrs
@@ -114,9 +107,12 @@ def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict |
 
 
 def concat_frames(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
-    """The files' frames as one table. Categorical columns are joined on the union of their
-    categories (codes remapped), where ``pd.concat`` turns categoricals whose categories
-    differ into strings and back: measured on the 64 dev trace files, 1.7 s of a 12 s read."""
+    """The files' frames as one table.
+
+    Categorical columns are joined on the union of their categories (codes remapped), where
+    ``pd.concat`` turns categoricals whose categories differ into strings and back: measured on
+    the 64 dev trace files, 1.7 s of a 12 s read.
+    """
     parts = [_to_columns(f, columns) for f in frames]
     unioned = {}
     for col in columns:

@@ -192,6 +192,15 @@ def write_report(
     -------
     pathlib.Path
         The written file.
+
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> posterior = bp.load("posterior.nc")  # doctest: +SKIP
+    >>> plans = [bp.ParallelPlan(dp=8), bp.ParallelPlan(dp=512)]
+    >>> forecast = bp.forecast(posterior, plans)  # doctest: +SKIP
+    >>> write_report(posterior, "report.html", forecast=forecast)  # doctest: +SKIP
+    PosixPath('report.html')
     """
     if diagnosis is None:
         diagnosis = diagnose(posterior)

@@ -24,7 +24,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from bayesprism.report.sections import duration_unit
 
-# PIL and arviz_plots are imported inside the figures that use them (start-up time).
+# arviz_plots is imported inside the figures that use it (start-up time).
 
 LEVEL_COLORS = {
     "node": "#1f77b4",
@@ -55,14 +55,6 @@ def _save(fig: Figure, path: str | Path, title: str) -> Path:
     fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Title": title})
     plt.close(fig)
     return path
-
-
-def png_title(path: str | Path) -> str:
-    """The title stored in a PNG written by this module."""
-    from PIL import Image
-
-    with Image.open(path) as image:
-        return str(image.text.get("Title", ""))
 
 
 # --------------------------------------------------------------------------- MCMC diagnostics
