@@ -14,7 +14,7 @@ from posterior_builders import GEMM_SPREAD, gemm_only
 from bayesprism.cli import forecast as cli_forecast
 from bayesprism.errors import InputError
 from bayesprism.forecast.forecasting import SIMULATED_STEPS_MAX, forecast, summarize_forecast
-from bayesprism.plan import ParallelPlan, PlanWarning
+from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
 
 STEP_KEYS = {"mean", "p05", "p25", "p50", "p75", "p95", "p99", "ci90"}
 
@@ -203,6 +203,23 @@ def test_cli_table_lists_every_plan():
     assert lines[0].split() == ["plan", "GPUs", "step", "median", "step", "90%", "P(>1.05x)",
                                 "P(>1.1x)", "P(>1.2x)"]
     assert lines[1].split()[:2] == ["small", "2"] and lines[2].split()[:2] == ["big", "512"]
+
+
+def test_recorded_path_is_the_one_the_composition_takes_with_measured_nodes():
+    """A cluster listing measured nodes makes compose take the exact path (it keeps their
+    positions) whatever the scale or ``exact=False`` says; the forecast records that path."""
+    post = gemm_only(draws=4, scales={"node": {"gemm": 0.1}},
+                     measured_nodes={"fast": 0.0, "slow": 5.0})
+    measured = Cluster(nodes=("fast", "slow"))
+    with pytest.warns(PlanWarning, match="composed exactly"):
+        fc = forecast(post, ParallelPlan(dp=16), draws=None, replicates=2, progress=False,
+                      cluster=measured, exact=False)
+    assert fc["path"].values.tolist() == ["exact"]
+    # the plain cases: by scale, or as asked
+    for exact, path in ((None, "exact"), (False, "fast")):
+        fc = forecast(post, ParallelPlan(dp=16), draws=None, replicates=2, progress=False,
+                      exact=exact)
+        assert fc["path"].values.tolist() == [path]
 
 
 def test_cli_end_to_end_json_and_netcdf(tmp_path, capsys):

@@ -43,8 +43,9 @@ import xarray as xr
 
 from bayesprism._version import __version__
 from bayesprism.errors import InputError, Problem
-from bayesprism.forecast.composition import EXACT_MAX_GPUS, compose
+from bayesprism.forecast.composition import compose
 from bayesprism.forecast.draws import StepDraws
+from bayesprism.forecast.slots import composition_path
 from bayesprism.forecast.workload import posterior_arrays
 from bayesprism.io import ARTIFACT_SCHEMA_VERSION
 from bayesprism.plan import Cluster, ParallelPlan
@@ -246,8 +247,7 @@ def forecast(
         if thinned.attrs.get("model_kind") == "step":
             paths.append("step-model")
         else:
-            use_exact = plan.gpus <= EXACT_MAX_GPUS if exact is None else bool(exact)
-            paths.append("exact" if use_exact else "fast")
+            paths.append(composition_path(plan, cluster, exact))
 
     names = _unique_names(plans)
     dims = ("plan", "draw", "replicate")

@@ -18,6 +18,7 @@ import numpy as np
 import xarray as xr
 
 from bayesprism.errors import InputError, PlanError, Problem
+from bayesprism.forecast.composition import EXACT_MAX_GPUS
 from bayesprism.plan import Cluster
 from bayesprism.posterior import posterior_group
 
@@ -126,6 +127,29 @@ def with_nodes(cluster, nodes: Sequence[str], plan=None):
     if cluster is None:
         return Cluster(gpus_per_node=gpus_per_node_of(plan), nodes=tuple(nodes))
     return dataclasses.replace(cluster, nodes=tuple(nodes))
+
+
+def composition_path(plan, cluster=None, exact: bool | None = None) -> str:
+    """The path :func:`bayesprism.forecast.composition.compose` takes: ``"exact"`` or ``"fast"``.
+
+    By scale when ``exact`` is None (exact up to
+    :data:`~bayesprism.forecast.composition.EXACT_MAX_GPUS` GPUs), else as asked; a cluster
+    listing measured nodes for the plan's node slots always takes the exact path, which keeps
+    their positions.
+
+    Examples
+    --------
+    >>> from bayesprism.plan import Cluster, ParallelPlan
+    >>> composition_path(ParallelPlan(dp=16), exact=False)
+    'fast'
+    >>> composition_path(ParallelPlan(dp=16), Cluster(nodes=("a", "b")), exact=False)
+    'exact'
+    """
+    use_exact = plan.gpus <= EXACT_MAX_GPUS if exact is None else bool(exact)
+    nodes = math.ceil(plan.gpus / gpus_per_node_of(plan, cluster))
+    if cluster is not None and cluster.nodes[:nodes]:
+        use_exact = True
+    return "exact" if use_exact else "fast"
 
 
 def drained_cluster(cluster, plan, drain, ranking: Sequence[str]):
