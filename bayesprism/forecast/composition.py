@@ -265,6 +265,7 @@ def _new_effects(posterior, level: str, n: int, rng, loading: np.ndarray) -> np.
     still consumes the same numbers of its stream); zeros only when the level was not fitted
     and carries no loading.
     """
+
     draws = loading.shape[0]
     if n == 0:
         return np.zeros((draws, n))
@@ -613,6 +614,7 @@ def _ideal_from_model(model: PlanModel, residual_mean: float) -> float:
 def _dominant_level(model: PlanModel, posterior, n_nodes: int) -> str:
     """The level whose largest unit is typically the slowest: per level, the loading times the
     population's 1 - 1/N quantile over its N units (median over draws)."""
+
     gpus = model.plan.gpus
     spans = {}
     for level, units in (("node", n_nodes), ("gpu", gpus)):
@@ -687,6 +689,7 @@ def compose(
         plans on one posterior (extracted here otherwise).
     """
     if posterior.attrs.get("model_kind") == "step":
+
         return compose_steps(posterior, plan, replicates=replicates, rng=rng)
     if not (isinstance(replicates, int) and replicates >= 1):
         raise InputError(

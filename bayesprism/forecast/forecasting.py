@@ -163,6 +163,7 @@ def training_time_draws(
 
 
 def _thin(posterior: xr.DataTree, draws: int | None) -> xr.DataTree:
+
     return thin_draws(posterior, draws)
 
 
@@ -217,6 +218,7 @@ def forecast(
         Root dataset with dims ``plan``, ``draw``, ``replicate`` (and ``threshold``,
         ``deadline``); plan fields are coordinates on ``plan``.
     """
+
     plans = _as_plans(plans)
     if not (isinstance(replicates, int) and replicates >= 1):
         raise InputError(Problem("arguments", "replicates", "must be a positive integer",
@@ -239,6 +241,7 @@ def forecast(
     paths: list[str] = []
     kernel_level = thinned.attrs.get("model_kind") != "step"
     if kernel_level:
+
         arrays = posterior_arrays(thinned)  # once for every plan
     for plan in iterator:
         rng = np.random.default_rng(random_seed)
@@ -348,6 +351,7 @@ def traced_step_time_s(posterior: xr.DataTree, *, source: str = "posterior") -> 
 
 
 def _version() -> str:
+
     return __version__
 
 

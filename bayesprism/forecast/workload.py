@@ -440,6 +440,7 @@ def posterior_arrays(posterior: xr.DataTree) -> PosteriorArrays:
 
 def _spec_prior(posterior: xr.DataTree, name: str) -> float:
     """Prior ``name`` of the spec the posterior was fitted with (the default when absent)."""
+
     stored = posterior.attrs.get("spec")
     return ModelSpec.from_dict(json.loads(stored)).prior(name) if stored \
         else DEFAULT_PRIORS[name]
