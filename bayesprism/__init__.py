@@ -10,7 +10,7 @@ import importlib
 import sys
 import types
 
-__version__ = "0.1.0"
+from bayesprism._version import __version__
 
 _API = {
     # ingestion and the trace table
@@ -25,31 +25,33 @@ _API = {
     "save": "bayesprism.io",
     "load": "bayesprism.io",
     "simulate": "bayesprism.simulate",
-    "learn_layout_prior": "bayesprism.layout_prior",
+    "learn_layout_prior": "bayesprism.learn_prior",
     # plans, composition and forecasts
     "ParallelPlan": "bayesprism.plan",
     "Cluster": "bayesprism.plan",
-    "forecast": "bayesprism.forecast",
-    "summarize_forecast": "bayesprism.forecast",
-    "sensitivity": "bayesprism.sensitivity",
+    "forecast": "bayesprism.forecast.forecasting",
+    "summarize_forecast": "bayesprism.forecast.forecasting",
+    "sensitivity": "bayesprism.analysis.sensitivity",
     # diagnostics, reports, validation, decisions
-    "diagnose": "bayesprism.diagnostics",
-    "write_report": "bayesprism.report",
-    "validate": "bayesprism.validate",
-    "what_if": "bayesprism.analysis",
-    "Changes": "bayesprism.analysis",
-    "place": "bayesprism.analysis",
+    "diagnose": "bayesprism.checks.diagnostics",
+    "write_report": "bayesprism.report.html",
+    "validate": "bayesprism.checks.validate",
+    "what_if": "bayesprism.analysis.what_if",
+    "Changes": "bayesprism.analysis.what_if",
+    "place": "bayesprism.analysis.placement",
 }
 
 __all__ = ["__version__", *_API]
 
 
 class _Package(types.ModuleType):
-    """The package module: the import system binds every submodule as an attribute of its
-    package, and four functions of the API share their module's name (``forecast``,
-    ``sensitivity``, ``simulate``, ``validate``); for those the function is kept. Binding them
-    eagerly instead imported xarray and SciPy (~1.5 s) with any submodule, the ingest workers'
-    included."""
+    """The package module, which keeps the API's functions over same-named submodules.
+
+    The import system binds every submodule as an attribute of its package, and four functions
+    of the API share their module's name (``forecast``, ``sensitivity``, ``simulate``,
+    ``validate``); for those the function is kept. Binding them eagerly instead imported xarray
+    and SciPy (~1.5 s) with any submodule, the ingest workers' included.
+    """
 
     def __setattr__(self, name: str, value) -> None:
         if name in _API and isinstance(value, types.ModuleType):

@@ -25,8 +25,16 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from bayesprism._version import __version__
 from bayesprism.errors import ConvergenceWarning, InputError, Problem
+from bayesprism.inventory import kernel_inventory
+from bayesprism.io import ARTIFACT_SCHEMA_VERSION, clean_attrs
+from bayesprism.model import build, prepare
 from bayesprism.schema import select_runs, signature_as_kernel
+from bayesprism.spec import ModelSpec
+
+# PyMC, nutpie and ArviZ are imported inside the functions that sample: start-up time
+# (`import bayesprism.inference` must not load them; nutpie and pymc-extras are optional).
 
 RHAT_MAX = 1.01
 ESS_PER_CHAIN = 100
@@ -61,8 +69,6 @@ def _as_tables(tables) -> list[pd.DataFrame]:
 
 
 def _resolve_spec(spec, tables: list[pd.DataFrame]):
-    from bayesprism.spec import ModelSpec
-
     if spec is None:
         all_steps = all(
             "kernel_class" in t.columns and len(t)
@@ -108,8 +114,10 @@ BENCHMARK_FORMATS = ("nccl-tests", "benchmark")
 
 
 def _traced_tables(tables: list[pd.DataFrame]) -> list[pd.DataFrame]:
-    """The tables (or runs) of the traced job, without micro-benchmark runs; all of them when
-    every run is a benchmark."""
+    """The tables (or runs) of the traced job, without micro-benchmark runs.
+
+    All of them when every run is a benchmark.
+    """
     out = []
     for table in tables:
         runs = table.attrs.get("runs") or {}
@@ -143,8 +151,9 @@ _COMPILED_MAX = 4
 
 
 def nutpie_backend() -> str:
-    """The backend nutpie compiles with: ``"jax"`` when JAX is installed, else ``"numba"``
-    (the environment variable ``BAYESPRISM_NUTPIE_BACKEND=jax|numba`` overrides).
+    """The backend nutpie compiles with: ``"jax"`` when JAX is installed, else ``"numba"``.
+
+    The environment variable ``BAYESPRISM_NUTPIE_BACKEND=jax|numba`` overrides.
 
     Measured on the 10 M-launch benchmark model (204,800 cells, 584 parameters): JAX compiles
     in ~2 s where numba's LLVM build of nutpie's callback takes 24-106 s; a log-density +
@@ -334,12 +343,15 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
     -----
     ConvergenceWarning
         Divergences, R-hat > 1.01 or bulk ESS < 100 × chains (NUTS samplers).
-    """
-    from bayesprism import __version__
-    from bayesprism.inventory import kernel_inventory
-    from bayesprism.io import ARTIFACT_SCHEMA_VERSION
-    from bayesprism.model import build, prepare
 
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> table = bp.read_traces("data/kineto/param_dlrm_8rank", progress=False)  # doctest: +SKIP
+    >>> posterior = bp.fit(table, "default", random_seed=0)  # doctest: +SKIP
+    >>> posterior.attrs["model_kind"]  # doctest: +SKIP
+    'kernel'
+    """
     tables = [signature_as_kernel(t) for t in _as_tables(tables)]
     problems = [
         Problem("fit", name, "must be a positive integer", example=value)
@@ -402,6 +414,4 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
     # netCDF stores no dicts, None or mixed lists (the model's attrs hold some): store them as
     # bayesprism.io.save writes them (JSON), so what fit returns equals what load gives back and
     # xarray users can call DataTree.to_netcdf on it directly
-    from bayesprism.io import _clean_attrs
-
-    return _clean_attrs(tree)
+    return clean_attrs(tree)

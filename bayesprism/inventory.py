@@ -114,31 +114,6 @@ def run_layout(run: str, meta: dict, source: str = "table") -> tuple[dict, list[
     return layout, problems
 
 
-def recorded_traced_plan(inventory: xr.Dataset | xr.DataTree | None) -> dict:
-    """The traced plan an inventory records (``attrs["traced_plan"]``, JSON), ``{}`` if none.
-
-    Parameters
-    ----------
-    inventory
-        A posterior's ``inventory`` group (Dataset or DataTree node), or None.
-
-    Returns
-    -------
-    dict
-        The decoded plan (null degrees stay None); ``bayesprism.io.load`` has checked that it
-        parses to an object.
-
-    Examples
-    --------
-    >>> recorded_traced_plan(xr.Dataset(attrs={"traced_plan": '{"dp": 2, "tp": null}'}))
-    {'dp': 2, 'tp': None}
-    """
-    raw = inventory.attrs.get("traced_plan") if inventory is not None else None
-    if not raw:
-        return {}
-    return json.loads(raw) if isinstance(raw, str) else dict(raw)
-
-
 def is_step_table(table: pd.DataFrame) -> bool:
     """True when every row is a step-level row (``kernel_class == "step"``)."""
     return len(table) > 0 and bool((table["kernel_class"].astype(str) == "step").all())

@@ -20,8 +20,11 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from bayesprism._version import __version__
 from bayesprism.errors import ArtifactError, ArtifactWarning, Problem
 from bayesprism.outputs import check_output_path, write_atomic, write_text_atomic
+from bayesprism.plan import field_problems
+from bayesprism.spec import ModelSpec
 
 #: Version of the artifact layout (docs/artifacts.md); bumped when readers would break.
 ARTIFACT_SCHEMA_VERSION = 1
@@ -58,7 +61,7 @@ def _netcdf_attr(value):
     return value
 
 
-def _clean_attrs(tree: xr.DataTree) -> xr.DataTree:
+def clean_attrs(tree: xr.DataTree) -> xr.DataTree:
     """A copy of ``tree`` whose attrs (root, groups and variables) netCDF can store."""
     tree = tree.copy()
     for node in tree.subtree:
@@ -89,6 +92,13 @@ def save(posterior: xr.DataTree, path: str | os.PathLike) -> Path:
     ------
     ArtifactError
         If ``posterior`` is not a bayesprism DataTree.
+
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> posterior = bp.fit(table, random_seed=0)  # doctest: +SKIP
+    >>> bp.save(posterior, "posterior.nc")  # doctest: +SKIP
+    PosixPath('posterior.nc')
     """
     path = Path(path)
     if not isinstance(posterior, xr.DataTree) or "bayesprism_version" not in posterior.attrs:
@@ -97,7 +107,7 @@ def save(posterior: xr.DataTree, path: str | os.PathLike) -> Path:
                                     example=type(posterior).__name__))
     if not path.parent.is_dir():
         raise ArtifactError(Problem(str(path), "", "the folder does not exist"))
-    tree = _clean_attrs(posterior)
+    tree = clean_attrs(posterior)
     return write_atomic(path, lambda tmp: tree.to_netcdf(tmp, engine=ENGINE))
 
 
@@ -121,6 +131,15 @@ def load(path: str | os.PathLike, expect: str | None = None) -> xr.DataTree:
         the expected kind, of another artifact schema version or a newer major package
         version, its model kind disagrees with its spec or inventory, or its spec does not
         match its recorded hash.
+
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> posterior = bp.load("posterior.nc", expect="posterior")  # doctest: +SKIP
+    >>> bp.load("posterior.nc", expect="forecast")  # doctest: +SKIP
+    Traceback (most recent call last):
+    ...
+    bayesprism.errors.ArtifactError: posterior.nc: artifact: ... expected a forecast
     """
     path = Path(path)
     what = f"a {expect} file (netCDF written by `{ARTIFACT_KINDS[expect]}`)" if expect \
@@ -158,8 +177,6 @@ def _major(text: object) -> int | None:
 def check_artifact(tree: xr.DataTree, source: str = "artifact", expect: str | None = None
                    ) -> None:
     """Refuse a tree that is not a current bayesprism artifact (see :func:`load`)."""
-    from bayesprism import __version__
-
     attrs = tree.attrs
     if "bayesprism_version" not in attrs:
         raise ArtifactError(Problem(source, "bayesprism_version",
@@ -188,8 +205,6 @@ def check_artifact(tree: xr.DataTree, source: str = "artifact", expect: str | No
                                     f"bayesprism reads version {ARTIFACT_SCHEMA_VERSION}: refit "
                                     "with this version"))
     if "spec" in attrs:
-        from bayesprism.spec import ModelSpec
-
         try:
             spec = ModelSpec.from_dict(json.loads(attrs["spec"]))
         except (ValueError, TypeError) as exc:
@@ -235,8 +250,6 @@ def _check_posterior_attrs(tree: xr.DataTree, source: str) -> None:
         raise ArtifactError(Problem(source, "inventory.traced_plan",
                                     "is not a JSON object: the file was altered",
                                     example=str(raw)[:40]))
-    from bayesprism.plan import field_problems
-
     problems = field_problems({k: v for k, v in plan.items() if v is not None},
                               f"{source} inventory.traced_plan")
     if problems:

@@ -153,7 +153,7 @@ class ParallelPlan:
         expert ranks are carved out of the data-parallel ranks).
     microbatches
         Micro-batches per step per data-parallel rank (gradient-accumulation steps). The
-        micro-batch size is the traced run's (see ``bayesprism.composition``).
+        micro-batch size is the traced run's (see ``bayesprism.forecast.composition``).
     virtual_stages
         Model chunks per pipeline rank; only with ``schedule="interleaved-1f1b"``.
     schedule
@@ -183,9 +183,15 @@ class ParallelPlan:
         Step-level forecasts scale per-micro-batch work with it (optional).
     nodes_per_leaf
         Nodes under one leaf switch (or scalable unit) of the fabric: step-level forecasts add
-        a cost tier when a gradient group spans more (``bayesprism.stepscale``; optional).
+        a cost tier when a gradient group spans more (``bayesprism.forecast.stepscale``; optional).
     source
         Where the plan came from (file path), used in error messages.
+
+    Examples
+    --------
+    >>> plan = ParallelPlan(dp=8, tp=4, pp=2, microbatches=8)
+    >>> plan.gpus, plan.name
+    (64, 'dp8-tp4-pp2-m8-1f1b')
     """
 
     dp: int = 1
@@ -406,6 +412,11 @@ class Cluster:
         drawn from the population.
     source
         Where the cluster came from, for error messages.
+
+    Examples
+    --------
+    >>> Cluster(gpus_per_node=4, nodes=("n1", "n2")).nodes
+    ('n1', 'n2')
     """
 
     gpus_per_node: int = 8
@@ -517,6 +528,7 @@ def plan_from_run(meta: Mapping[str, Any], *, name: str | None = None,
         If the run carries no usable layout (no dp and no world size, or sizes that are not
         positive integers or do not multiply to the world size).
     """
+    # deferred for start-up time: ingest workers import this module, inventory loads xarray
     from bayesprism.inventory import run_layout
 
     label = run or str(meta.get("system_id") or "run")

@@ -26,6 +26,8 @@ import pandas as pd
 
 from bayesprism.errors import Problem, TableValidationError
 
+# pyarrow is imported where tables are written or read (start-up time of `import bayesprism`).
+
 SCHEMA_VERSION = 1
 ALL_RANKS = -1
 ALL_NODES = "*"
@@ -106,8 +108,10 @@ MAX_DURATION_US = 86_400e6
 
 
 def signature_as_kernel(table: pd.DataFrame) -> pd.DataFrame:
-    """The table with each row's ``signature`` as its ``kernel`` (DESIGN §3): what the model
-    and the inventory treat as one kernel. Rows without a signature keep their kernel name.
+    """The table with each row's ``signature`` as its ``kernel`` (DESIGN §3).
+
+    A signature is what the model and the inventory treat as one kernel. Rows without a
+    signature keep their kernel name.
 
     Examples
     --------
@@ -153,8 +157,9 @@ def codes_and_labels(values: pd.Series, missing: str | None = None) -> tuple[np.
 
 
 def category_in(values: pd.Series, allowed) -> np.ndarray:
-    """Boolean mask of the rows whose value is one of ``allowed`` (missing: False), decided
-    once per distinct value (:func:`codes_and_labels`), not per row.
+    """Boolean mask of the rows whose value is one of ``allowed`` (missing: False).
+
+    Decided once per distinct value (:func:`codes_and_labels`), not per row.
 
     Examples
     --------
@@ -260,6 +265,18 @@ def validate_table(df: pd.DataFrame, source: str = "table") -> pd.DataFrame:
     ------
     TableValidationError
         Listing each problem with its column, row count and an example value.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> df = pd.DataFrame({"run": ["r"], "step": [0], "rank": [0], "node": ["n0"], "gpu": [0],
+    ...                    "kernel": ["gemm_a"], "kernel_class": ["gemm"], "duration_us": [12.5]})
+    >>> validate_table(df)["kernel_class"].dtype.name
+    'category'
+    >>> validate_table(df.assign(duration_us=-1.0))
+    Traceback (most recent call last):
+    ...
+    bayesprism.errors.TableValidationError: table: duration_us: must be > 0 µs (1 rows), e.g. -1.0
     """
     problems: list[Problem] = []
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
@@ -342,6 +359,16 @@ def write_table(df: pd.DataFrame, path: str | Path) -> Path:
     """Write a trace table to Parquet, attrs included (as JSON in the file metadata).
 
     The file is written to a temporary name and renamed, so a crash never leaves half a file.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> df = pd.DataFrame({"run": ["r"], "step": [0], "rank": [0], "node": ["n0"], "gpu": [0],
+    ...                    "kernel": ["gemm_a"], "kernel_class": ["gemm"], "duration_us": [12.5]})
+    >>> import pathlib, tempfile
+    >>> path = write_table(validate_table(df), pathlib.Path(tempfile.mkdtemp()) / "t.parquet")
+    >>> read_table(path)["duration_us"].tolist()
+    [12.5]
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -358,7 +385,15 @@ def write_table(df: pd.DataFrame, path: str | Path) -> Path:
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
-    """Read a Parquet trace table written by :func:`write_table` (attrs restored, validated)."""
+    """Read a Parquet trace table written by :func:`write_table` (attrs restored, validated).
+
+    Examples
+    --------
+    >>> table = read_table("table.parquet")  # doctest: +SKIP
+    >>> table.attrs["runs"]  # doctest: +SKIP
+
+    :func:`write_table` shows a round trip.
+    """
     import pyarrow.parquet as pq
 
     path = Path(path)

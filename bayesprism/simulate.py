@@ -18,7 +18,7 @@ back to back on one compute stream, separated by launch gaps. A collective *star
 when that rank arrives* (its previous kernel ended) and *ends on every rank at the latest arrival
 plus the transfer time*, so ranks that arrive early wait inside the NCCL kernel exactly as in real
 traces; the compute stream resumes when the collective ends. The transfer follows the ring cost
-model of :mod:`bayesprism.collectives` (inter-node tier when the group spans nodes) times
+model of :mod:`bayesprism.costs.collectives` (inter-node tier when the group spans nodes) times
 ``exp(congestion_s + noise)``: a per-step congestion effect shared by every call of that
 collective class in the step, and lognormal noise per call.
 
@@ -31,13 +31,16 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from bayesprism.collectives import transfer_time_us
+from bayesprism.costs.collectives import transfer_time_us
 from bayesprism.errors import InputError, Problem
 from bayesprism.ingest.classify import normalize_kernel_name
+
+# tqdm is imported only when a progress bar is shown (start-up time).
 
 #: Log-scale standard deviations of each level, per kernel class (the λ loadings of DESIGN §5).
 DEFAULT_CLASS_SCALES: dict[str, dict[str, float]] = {
@@ -280,14 +283,87 @@ def simulate(
     InputError
         On impossible sizes (non-positive counts, too few kernels per step, more degraded
         nodes than nodes), or when ``out_dir`` already holds other trace files.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> truth = simulate(tempfile.mkdtemp(), nodes=2, gpus_per_node=2, steps=3, kernels_per_step=40)
+    >>> truth["world_size"], len(truth["files"])
+    (4, 4)
     """
     _check_arguments(
         nodes, gpus_per_node, steps, degraded_nodes, kernels_per_step, allreduce_buckets
     )
+    # every step draws from this one generator, in this order: same seed, same bytes
     rng = np.random.default_rng(seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     world = nodes * gpus_per_node
+    scales, coll = _settings(class_scales, collectives)
+    roles, bucket_bytes = _program(kernels_per_step, allreduce_buckets if world > 1 else 0)
+    hosts = [f"node-{n:03d}" for n in range(nodes)]
+    truth = _draw_truth(rng, roles, bucket_bytes, coll, nodes=nodes, world=world, steps=steps,
+                        degraded_nodes=degraded_nodes, degraded_shift=degraded_shift)
+    compute_dur, gaps, step_gap = _kernel_durations(rng, roles, scales, truth, gpus_per_node)
+    start, dur = _timeline(rng, roles, compute_dur, gaps, step_gap, truth.transfer)
+    host = _host_side(rng, start, gaps)
+    pids = rng.integers(1000, 4_000_000, world)
+    end_of_step = (start + dur).max(axis=2)
+    files = [f"{hosts[rank // gpus_per_node]}_{int(pids[rank])}."
+             f"{int((BASE_TIME_NS // 1000 + end_of_step[-1, rank]) // 1000)}.pt.trace.json.gz"
+             for rank in range(world)]
+    _check_out_dir(out, files)
+    names = {r: KERNEL_CATALOGUE[r][0] for r in truth.role_names}
+    names["allreduce"] = _NCCL_NAME
+    _write_traces(out, files, progress, world=world, gpus_per_node=gpus_per_node, pids=pids,
+                  roles=roles, names=names, bucket_bytes=bucket_bytes, first_step=first_step,
+                  start=start, dur=dur, host=host, gpu_name=gpu_name)
+    written = _truth(
+        seed=seed, nodes=nodes, gpus_per_node=gpus_per_node, world=world, steps=steps,
+        first_step=first_step, hosts=hosts, degraded_shift=degraded_shift, gpu_name=gpu_name,
+        roles=roles, scales=scales, drawn=truth, coll=coll, bucket_bytes=bucket_bytes,
+        files=files, kernels_per_step=len(roles),
+    )
+    (out / "truth.json").write_text(json.dumps(written, indent=1, sort_keys=True) + "\n")
+    return written
+
+
+# --------------------------------------------------------------------------- the steps
+
+
+@dataclass(frozen=True)
+class _Drawn:
+    """The random truth of one simulation: kernel medians, unit effects, collective costs."""
+
+    role_names: list[str]
+    log_median: dict[str, float]
+    degraded: np.ndarray  # node indices of the slow component
+    node_effect: np.ndarray  # (nodes,)
+    gpu_effect: np.ndarray  # (world,)
+    step_effect: np.ndarray  # (steps,)
+    gpustep_effect: np.ndarray  # (steps, world)
+    tier: str
+    congestion: np.ndarray  # (steps,)
+    transfer: np.ndarray  # (steps, buckets) µs
+
+    @property
+    def rank_node(self) -> np.ndarray:
+        world, nodes = self.gpu_effect.size, self.node_effect.size
+        return np.repeat(np.arange(nodes), world // nodes)
+
+
+@dataclass(frozen=True)
+class _HostSide:
+    """Per (step, rank): the ProfilerStep window; per launch: the CPU launch and its length."""
+
+    step_start: np.ndarray
+    step_end: np.ndarray
+    launch: np.ndarray
+    launch_dur: np.ndarray
+
+
+def _settings(class_scales, collectives) -> tuple[dict, dict]:
+    """The per-class scales and collective parameters: the defaults with the overrides."""
     scales = {c: dict(v) for c, v in DEFAULT_CLASS_SCALES.items()}
     for cls, levels in (class_scales or {}).items():
         scales.setdefault(cls, dict(DEFAULT_CLASS_SCALES["other"])).update(levels)
@@ -296,13 +372,14 @@ def simulate(
         coll.setdefault(cls, json.loads(json.dumps(DEFAULT_COLLECTIVES["allreduce"]))).update(
             params
         )
+    return scales, coll
 
-    roles, bucket_bytes = _program(kernels_per_step, allreduce_buckets if world > 1 else 0)
+
+def _draw_truth(rng: np.random.Generator, roles: list[str], bucket_bytes: list[float],
+                coll: dict, *, nodes: int, world: int, steps: int, degraded_nodes: int,
+                degraded_shift: float) -> _Drawn:
+    """Kernel medians, node/GPU/step/GPU-step effects and every AllReduce's transfer time."""
     role_names = sorted(set(r for r in roles if r != "allreduce"))
-    n_k = len(roles)
-    hosts = [f"node-{n:03d}" for n in range(nodes)]
-
-    # --- parameters ---------------------------------------------------------------------------
     log_median = {
         r: float(np.log(KERNEL_CATALOGUE[r][2]) + rng.normal(0.0, 0.1)) for r in role_names
     }
@@ -329,27 +406,44 @@ def simulate(
         ]
     )
     transfer = base_transfer[None, :] * np.exp(congestion[:, None] + call_noise)
+    return _Drawn(role_names, log_median, degraded, node_effect, gpu_effect, step_effect,
+                  gpustep_effect, tier, congestion, transfer)
 
-    # --- compute durations (steps, ranks, launches), vectorised --------------------------------
-    is_coll = np.array([r == "allreduce" for r in roles])
+
+def _kernel_durations(rng: np.random.Generator, roles: list[str], scales: dict, drawn: _Drawn,
+                      gpus_per_node: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Compute kernels' durations, launch gaps and host work between steps (µs, vectorised).
+
+    Shapes: (steps, ranks, compute launches), (steps, ranks, launches) and (steps, ranks).
+    """
+    steps, world = drawn.gpustep_effect.shape
     compute_roles = [r for r in roles if r != "allreduce"]
     cls_of = np.array([KERNEL_CATALOGUE[r][1] for r in compute_roles])
     lam = {lvl: np.array([scales[c][lvl] for c in cls_of]) for lvl in _LEVELS}
-    a = np.array([log_median[r] for r in compute_roles])
-    rank_node = np.repeat(np.arange(nodes), gpus_per_node)
+    a = np.array([drawn.log_median[r] for r in compute_roles])
     log_d = (
         a[None, None, :]
-        + lam["node"][None, None, :] * node_effect[rank_node][None, :, None]
-        + lam["gpu"][None, None, :] * gpu_effect[None, :, None]
-        + lam["step"][None, None, :] * step_effect[:, None, None]
-        + lam["gpustep"][None, None, :] * gpustep_effect[:, :, None]
+        + lam["node"][None, None, :] * drawn.node_effect[drawn.rank_node][None, :, None]
+        + lam["gpu"][None, None, :] * drawn.gpu_effect[None, :, None]
+        + lam["step"][None, None, :] * drawn.step_effect[:, None, None]
+        + lam["gpustep"][None, None, :] * drawn.gpustep_effect[:, :, None]
         + lam["resid"][None, None, :] * rng.normal(0.0, 1.0, (steps, world, len(compute_roles)))
     )
-    compute_dur = np.exp(log_d)
-    gaps = 1.0 + rng.exponential(1.5, (steps, world, n_k))  # launch gaps on the GPU
+    gaps = 1.0 + rng.exponential(1.5, (steps, world, len(roles)))  # launch gaps on the GPU
     step_gap = 150.0 + rng.exponential(50.0, (steps, world))  # host work between steps
+    return np.exp(log_d), gaps, step_gap
 
-    # --- timeline --------------------------------------------------------------------------------
+
+def _timeline(rng: np.random.Generator, roles: list[str], compute_dur: np.ndarray,
+              gaps: np.ndarray, step_gap: np.ndarray, transfer: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Start and duration (steps, ranks, launches) of every kernel.
+
+    Compute kernels run back to back after their gaps; a collective starts at each rank's
+    arrival and ends at the last one's plus the transfer.
+    """
+    steps, world, n_k = gaps.shape
+    is_coll = np.array([r == "allreduce" for r in roles])
     start = np.zeros((steps, world, n_k))
     dur = np.zeros((steps, world, n_k))
     dur[:, :, ~is_coll] = compute_dur
@@ -372,32 +466,31 @@ def simulate(
                 start[s, :, k] = arrive
                 dur[s, :, k] = end - arrive
                 clock = np.full(world, end)
-    end_of_step = (start + dur).max(axis=2)
+    return start, dur
 
-    # --- host side: ProfilerStep windows and launches ---------------------------------------------
+
+def _host_side(rng: np.random.Generator, start: np.ndarray, gaps: np.ndarray) -> _HostSide:
+    """The CPU side: each rank's ProfilerStep windows and the launch of every kernel."""
+    steps, world, n_k = start.shape
     lead = 40.0 + rng.uniform(0.0, 10.0, (steps, world))
-    cpu_step_start = start[:, :, 0] - gaps[:, :, 0] - lead
-    planned = cpu_step_start[:, :, None] + 8.0 + 6.0 * np.arange(n_k)[None, None, :]
+    step_start = start[:, :, 0] - gaps[:, :, 0] - lead
+    planned = step_start[:, :, None] + 8.0 + 6.0 * np.arange(n_k)[None, None, :]
     launch = np.minimum(planned, start - 3.0)
     launch_dur = np.minimum(3.0, np.diff(launch, axis=2, append=launch[:, :, -1:] + 3.0))
     launch_dur = np.maximum(launch_dur, 0.5)
-    cpu_step_end = np.empty_like(cpu_step_start)
-    cpu_step_end[:-1] = cpu_step_start[1:]
-    cpu_step_end[-1] = launch[-1, :, -1] + launch_dur[-1, :, -1] + 20.0
+    step_end = np.empty_like(step_start)
+    step_end[:-1] = step_start[1:]
+    step_end[-1] = launch[-1, :, -1] + launch_dur[-1, :, -1] + 20.0
+    return _HostSide(step_start, step_end, launch, launch_dur)
 
-    # --- files -----------------------------------------------------------------------------------
-    pids = rng.integers(1000, 4_000_000, world)
-    names = {r: KERNEL_CATALOGUE[r][0] for r in role_names}
-    names["allreduce"] = _NCCL_NAME
-    files = []
-    for rank in range(world):
-        finished_ms = int((BASE_TIME_NS // 1000 + end_of_step[-1, rank]) // 1000)
-        files.append(
-            f"{hosts[rank // gpus_per_node]}_{int(pids[rank])}.{finished_ms}.pt.trace.json.gz"
-        )
+
+def _check_out_dir(out: Path, files: list[str]) -> None:
+    """Refuse a folder holding trace files of another simulation.
+
+    A folder is one run for the readers: mixing two would corrupt it.
+    """
     stale = sorted(p.name for p in out.glob("*.pt.trace.json*") if p.name not in files)
     if stale:
-        # a folder is one run for the readers: mixing two simulations would corrupt it
         raise InputError(
             Problem(
                 str(out),
@@ -407,17 +500,22 @@ def simulate(
                 example=stale[0],
             )
         )
-    from tqdm.auto import tqdm
+
+
+def _write_traces(out: Path, files: list[str], progress: bool, *, world, gpus_per_node, pids,
+                  roles, names, bucket_bytes, first_step, start, dur, host: _HostSide,
+                  gpu_name) -> None:
+    """One gzip'd Kineto trace per rank (gzip ``mtime = 0``: no wall-clock data)."""
+    from tqdm.auto import tqdm  # deferred: start-up time
 
     bar = tqdm(
         list(enumerate(files)), desc="simulate", unit="rank", disable=not progress, leave=False
     )
     for rank, fname in bar:
-        gpu = rank % gpus_per_node
         text = _trace_text(
             rank=rank,
             world=world,
-            gpu=gpu,
+            gpu=rank % gpus_per_node,
             gpus_per_node=gpus_per_node,
             pid=int(pids[rank]),
             roles=roles,
@@ -426,44 +524,14 @@ def simulate(
             first_step=first_step,
             start=start[:, rank],
             dur=dur[:, rank],
-            launch=launch[:, rank],
-            launch_dur=launch_dur[:, rank],
-            step_start=cpu_step_start[:, rank],
-            step_end=cpu_step_end[:, rank],
+            launch=host.launch[:, rank],
+            launch_dur=host.launch_dur[:, rank],
+            step_start=host.step_start[:, rank],
+            step_end=host.step_end[:, rank],
             gpu_name=gpu_name,
             trace_name=fname,
         )
         (out / fname).write_bytes(gzip.compress(text.encode(), compresslevel=1, mtime=0))
-
-    truth = _truth(
-        seed=seed,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        world=world,
-        steps=steps,
-        first_step=first_step,
-        hosts=hosts,
-        degraded=degraded,
-        degraded_shift=degraded_shift,
-        gpu_name=gpu_name,
-        roles=roles,
-        role_names=role_names,
-        log_median=log_median,
-        scales=scales,
-        node_effect=node_effect,
-        gpu_effect=gpu_effect,
-        step_effect=step_effect,
-        gpustep_effect=gpustep_effect,
-        coll=coll,
-        tier=tier,
-        bucket_bytes=bucket_bytes,
-        congestion=congestion,
-        transfer=transfer,
-        files=files,
-        kernels_per_step=n_k,
-    )
-    (out / "truth.json").write_text(json.dumps(truth, indent=1, sort_keys=True) + "\n")
-    return truth
 
 
 # --------------------------------------------------------------------------- program
@@ -666,25 +734,20 @@ def _truth(
     steps,
     first_step,
     hosts,
-    degraded,
     degraded_shift,
     gpu_name,
     roles,
-    role_names,
-    log_median,
     scales,
-    node_effect,
-    gpu_effect,
-    step_effect,
-    gpustep_effect,
+    drawn: _Drawn,
     coll,
-    tier,
     bucket_bytes,
-    congestion,
-    transfer,
     files,
     kernels_per_step,
 ) -> dict:
+    role_names, log_median, degraded = drawn.role_names, drawn.log_median, drawn.degraded
+    congestion, transfer, tier = drawn.congestion, drawn.transfer, drawn.tier
+    node_effect, gpu_effect = drawn.node_effect, drawn.gpu_effect
+    step_effect, gpustep_effect = drawn.step_effect, drawn.gpustep_effect
     launches = {r: roles.count(r) for r in set(roles)}
     kernels = {}
     for role in role_names:

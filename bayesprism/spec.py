@@ -22,7 +22,7 @@ KINDS: tuple[str, ...] = ("kernel", "step")
 LIKELIHOODS: tuple[str, ...] = ("lognormal", "student_t", "mixture")
 #: Likelihoods without sufficient statistics: fitted on rows (one term per launch).
 ROW_LIKELIHOODS: tuple[str, ...] = ("student_t", "mixture")
-#: Population families of standardised unit effects (see ``bayesprism.population``).
+#: Population families of standardised unit effects (see ``bayesprism.forecast.population``).
 POPULATIONS: tuple[str, ...] = ("normal", "student_t", "mixture", "degraded")
 #: Families of GPU×step (transient) effects: ``degraded`` adds episodes, GPU-steps slowed by a
 #: shift and spread of their own (thermal or power throttling), marginalised in closed form.
@@ -58,7 +58,7 @@ DEFAULT_PRIORS: dict[str, float] = {
     "inter_latency_ratio": 3.0,  # prior median of inter/intra latency (unobserved tier)
     "tier_ratio_log_sd": 1.0,  # sd of log of those ratios
     # sd of ρ ~ N(0, sd), the log ratio of a small message's per-step latency to a large one's
-    # (bayesprism.collectives.SMALL_MESSAGE_BYTES; fitted where a collective has both sizes)
+    # (bayesprism.costs.collectives.SMALL_MESSAGE_BYTES; fitted where a collective has both sizes)
     "small_latency_log_sd": 1.0,
     # half-normal scale of γ: inter-node bus bandwidth falls as (nodes / 2)^-γ (0.05: a ring
     # over 512 nodes at ~0.8x the 2-node bandwidth, at the prior median)
@@ -112,7 +112,8 @@ class ModelSpec:
         ``"centred"``, ``"noncentred"`` or ``"auto"`` (per level, centred when its units have
         at least ``dense_launches`` launches each on average).
     collective_model
-        ``"ring"`` (cost model of ``bayesprism.collectives`` on ``transfer_us``) or ``"none"``.
+        ``"ring"`` (cost model of ``bayesprism.costs.collectives`` on ``transfer_us``) or
+        ``"none"``.
     step_noise
         Steps differ in how noisy they are, not only in level (warm-up repeats, interference):
         the residual sd of every launch of step s (the core's, for ``mixture``) is scaled by
@@ -125,6 +126,13 @@ class ModelSpec:
         Threshold of the ``auto`` parameterisation.
     step
         Options of the step-level model (``kind = "step"``), read by ``bayesprism.model.step``.
+
+    Examples
+    --------
+    >>> ModelSpec.load("default").kind
+    'kernel'
+    >>> ModelSpec.load("step").kind
+    'step'
     """
 
     name: str = "default"

@@ -82,7 +82,7 @@ def runs_at(table: pd.DataFrame, sizes) -> pd.DataFrame:
 
 
 def fit(table, model, args):
-    from bayesprism.validate import fit_bayesprism
+    from bayesprism.checks.validate import fit_bayesprism
 
     start = time.perf_counter()
     post = fit_bayesprism(table, model, draws=args.draws, tune=args.draws, chains=2,
@@ -98,8 +98,8 @@ def residual_variants(fit_table, held, model: str, post, result: pd.DataFrame, a
     """
     import dataclasses
 
+    from bayesprism.checks.validate import validate
     from bayesprism.spec import ROW_LIKELIHOODS, ModelSpec
-    from bayesprism.validate import validate
 
     base = ModelSpec.load(model)
     variants = {"bayesprism": post}
@@ -129,7 +129,7 @@ def residual_variants(fit_table, held, model: str, post, result: pd.DataFrame, a
 
 
 def scored(case: str, result: pd.DataFrame, seconds: float, rows: list, figures: Path | None):
-    from bayesprism.validate import plot_pit_histogram
+    from bayesprism.checks.validate import plot_pit_histogram
 
     pits = result.attrs.get("pit")
     result = result.copy()
@@ -143,13 +143,9 @@ def scored(case: str, result: pd.DataFrame, seconds: float, rows: list, figures:
 
 def pal_case(path: Path, name: str, args, rows: list, slowest_rows: list) -> None:
     import bayesprism as bp
-    from bayesprism.baselines import degenerate_posterior
-    from bayesprism.validate import (
-        predicted_slowest,
-        resampled_slowest,
-        split_table,
-        validate,
-    )
+    from bayesprism.checks.baselines import degenerate_posterior
+    from bayesprism.checks.splits import split_table
+    from bayesprism.checks.validate import predicted_slowest, resampled_slowest, validate
 
     table = bp.read_traces([path], progress=False)
     fit_table, held = split_table(table, "nodes", fraction=0.5, seed=args.seed)
@@ -178,7 +174,7 @@ def pal_case(path: Path, name: str, args, rows: list, slowest_rows: list) -> Non
 def scale_case(path: Path, name: str, fit_sizes, held_sizes, args, rows: list,
                layout: dict | None = None) -> None:
     import bayesprism as bp
-    from bayesprism.validate import validate
+    from bayesprism.checks.validate import validate
 
     table = bp.read_traces([path], progress=False, layout=layout)
     fit_table = runs_at(table, fit_sizes)
@@ -200,8 +196,9 @@ def scale_case(path: Path, name: str, fit_sizes, held_sizes, args, rows: list,
 
 def kineto_case(path: Path, name: str, args, rows: list) -> None:
     import bayesprism as bp
-    from bayesprism.baselines import degenerate_posterior
-    from bayesprism.validate import predict_rank_step_times, split_table, validate
+    from bayesprism.checks.baselines import degenerate_posterior
+    from bayesprism.checks.splits import split_table
+    from bayesprism.checks.validate import predict_rank_step_times, validate
 
     table = bp.read_traces([path], progress=False)
     fit_table, held = split_table(table, "ranks", fraction=0.25, seed=args.seed)
@@ -239,7 +236,7 @@ def refsim_case(folder: Path, name: str, args, rows: list, refsim_rows: list) ->
     truth's ``exceedance``.
     """
     import bayesprism as bp
-    from bayesprism.metrics import score
+    from bayesprism.checks.metrics import score
 
     truth = json.loads((folder / "truth.json").read_text())["targets"]
     paths = [folder / "traces"] + [folder / extra for extra in args.refsim_extra]

@@ -29,7 +29,7 @@ import numpy as np
 import xarray as xr
 
 from bayesprism import __version__
-from bayesprism.forecast import forecast
+from bayesprism.forecast.forecasting import forecast
 from bayesprism.plan import ParallelPlan, PlanWarning
 from bayesprism.schema import SCHEMA_VERSION
 from bayesprism.spec import ModelSpec

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import bayesprism as bp
-from bayesprism.forecast import summarize_forecast
+from bayesprism.forecast.forecasting import summarize_forecast
 
 ROOT = Path(__file__).resolve().parents[1]
 DRAWS = int(os.environ.get("BAYESPRISM_EXAMPLE_DRAWS", "1000"))

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 import bayesprism as bp
-from bayesprism.forecast import summarize_forecast
+from bayesprism.forecast.forecasting import summarize_forecast
 from bayesprism.plan import plan_from_run
 from bayesprism.schema import select_runs
 

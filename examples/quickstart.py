@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import bayesprism as bp
-from bayesprism.forecast import summarize_forecast
+from bayesprism.forecast.forecasting import summarize_forecast
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kineto" / "param_dlrm_8rank"
 DRAWS = int(os.environ.get("BAYESPRISM_EXAMPLE_DRAWS", "1000"))

@@ -8,7 +8,8 @@
 * :func:`truth_posterior`: a fit of a known truth with the observed cells simulated from it (a
   perfectly mixed sampler), for diagnostics, plots and reports: predictive checks must pass, and
   fail when a class's data are shifted.
-* :func:`forecast_tree`: a forecast of four data-parallel plans, as ``bayesprism.forecast`` writes.
+* :func:`forecast_tree`: a forecast of four data-parallel plans, as
+  ``bayesprism.forecast.forecasting`` writes.
 * :func:`tiny_kernel_table`, :func:`tiny_spec`, :func:`fitted`: a tiny synthetic trace table and
   one real fit of it per session, for the fit/io/CLI tests.
 """
@@ -261,8 +262,9 @@ GEMM_SPREAD = {"node": {"gemm": 0.08}, "gpu": {"gemm": 0.04}, "gpustep": {"gemm"
 
 
 def quiet_compose(*args, **kwargs):
-    """``bayesprism.composition.compose`` without the PlanWarnings of the tests' sketchy plans."""
-    from bayesprism.composition import compose
+    """``bayesprism.forecast.composition.compose`` without the PlanWarnings of the tests'
+    sketchy plans."""
+    from bayesprism.forecast.composition import compose
     from bayesprism.plan import PlanWarning
 
     with warnings.catch_warnings():
@@ -460,7 +462,7 @@ def truth_posterior(
     inventory_kernels["nccl_allreduce"].update(role="dp", bytes=2.0e8, group=12.0)
     launches_per_step = np.array([TRUTH_KERNELS[k][2] for k in kernels])
     # each rank's step = its launches at their cell's mean duration (mean of exp(eps))
-    from bayesprism.workload import residual_moments
+    from bayesprism.forecast.workload import residual_moments
 
     slow = None if slow_residual is None else tuple(np.full(sd.shape, v) for v in slow_residual)
     cell_us = (np.exp(mu) * residual_moments(sd, slow)[0]).reshape(
@@ -486,7 +488,7 @@ DEADLINES_S = [330.0, 400.0]
 
 
 def forecast_tree(seed: int = 0, draws: int = 100, replicates: int = 8) -> xr.DataTree:
-    """A forecast DataTree (as ``bayesprism.forecast.forecast`` writes it) of four
+    """A forecast DataTree (as ``bayesprism.forecast.forecasting.forecast`` writes it) of four
     data-parallel plans (:data:`PLAN_GPUS`) whose step time and tail grow with scale."""
     rng = np.random.default_rng(seed)
     n_plan = len(PLAN_GPUS)

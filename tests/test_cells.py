@@ -9,7 +9,18 @@ import pandas as pd
 from scipy import stats
 
 from bayesprism.model import cells as cells_mod
-from bayesprism.model.cells import aggregate_cells, gaussian_cell_loglik
+from bayesprism.model.cells import aggregate_cells
+
+
+def gaussian_cell_loglik(n, mean, ss, mu, sigma) -> np.ndarray:
+    """Exact log likelihood of each cell's rows under N(mu, sigma), from its statistics (the
+    likelihood the kernel model writes in PyTensor)."""
+    n = np.asarray(n, dtype=float)
+    return (
+        -0.5 * n * np.log(2.0 * np.pi)
+        - n * np.log(sigma)
+        - (np.asarray(ss) + n * (np.asarray(mean) - mu) ** 2) / (2.0 * np.asarray(sigma) ** 2)
+    )
 
 
 def _random_groups(n, rng):

@@ -43,9 +43,7 @@ def traced_path(tmp_path_factory):
 
 
 def run_json(capsys, *argv) -> dict:
-    # forecast's --json takes a path ('-': stdout); the analysis commands' is a switch
-    target = ["-"] if argv[0] == "forecast" else []
-    assert main([*map(str, argv), "--json", *target, "--quiet"]) == 0
+    assert main([*map(str, argv), "--json", "--quiet"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -137,7 +135,7 @@ def test_forecast_bad_answers_flags_exit_2_with_one_line(gemm_path, capsys, argv
 
 # -- what-if --------------------------------------------------------------------------------------
 def test_what_if_cli_mirrors_the_python_api(traced_path, tmp_path, capsys):
-    from bayesprism.analysis import what_if
+    from bayesprism.analysis.what_if import what_if
     from bayesprism.io import load
     from bayesprism.plan import ParallelPlan, PlanWarning
 
@@ -258,7 +256,7 @@ def test_fit_result_round_trips_through_datatree_to_netcdf(tmp_path):
 
 def test_public_api_exports_what_the_readme_uses():
     import bayesprism as bp
-    from bayesprism.forecast import summarize_forecast
+    from bayesprism.forecast.forecasting import summarize_forecast
 
     assert bp.summarize_forecast is summarize_forecast
     assert "summarize_forecast" in dir(bp) and "what_if" in dir(bp)

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from bayesprism import collectives as coll
+from bayesprism.costs import collectives as coll
 from bayesprism.model import build, prepare
 from bayesprism.spec import ModelSpec
 

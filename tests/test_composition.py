@@ -10,9 +10,9 @@ import pytest
 from posterior_builders import GEMM_SPREAD, gemm_only, kernel_posterior, quiet_compose
 from scipy import stats
 
-from bayesprism.composition import build_plan_model, compose, ideal_step_time, rank_law
 from bayesprism.errors import InputError
-from bayesprism.extremes import top_node_log_multipliers
+from bayesprism.forecast.composition import build_plan_model, compose, ideal_step_time, rank_law
+from bayesprism.forecast.extremes import top_node_log_multipliers
 from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
 
 LOG100 = float(np.log(100.0))

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bayesprism.population import draw_effects
+from bayesprism.forecast.population import draw_effects
 from bayesprism.schema import validate_table
 from bayesprism.spec import ModelSpec
 

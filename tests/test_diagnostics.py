@@ -10,8 +10,7 @@ import xarray as xr
 from posterior_builders import SLOW_NODE, TRUTH_CLASSES, spec_attrs, truth_posterior
 from scipy import stats
 
-from bayesprism.cli.main import main
-from bayesprism.diagnostics import (
+from bayesprism.checks.diagnostics import (
     convergence_table,
     diagnose,
     plot_label,
@@ -19,7 +18,8 @@ from bayesprism.diagnostics import (
     variance_components,
     worst_draws,
 )
-from bayesprism.predictive_checks import _residual_cell_mean, cell_predictive_check
+from bayesprism.checks.predictive_checks import _residual_cell_mean, cell_predictive_check
+from bayesprism.cli.main import main
 
 
 @pytest.fixture(scope="module")
@@ -305,7 +305,7 @@ def test_plot_label_shortens_and_avoids_slashes():
 
 def test_step_time_check_compares_traced_and_composed_step_time(good_fit, good_report):
     try:
-        import bayesprism.composition  # noqa: F401
+        import bayesprism.forecast.composition  # noqa: F401
     except ImportError:
         assert any(n.startswith("step-time check skipped") for n in good_report.notes)
         return

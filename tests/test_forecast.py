@@ -13,8 +13,8 @@ from posterior_builders import GEMM_SPREAD, gemm_only
 
 from bayesprism.cli import forecast as cli_forecast
 from bayesprism.errors import InputError
-from bayesprism.forecast import SIMULATED_STEPS_MAX, forecast, summarize_forecast
-from bayesprism.plan import ParallelPlan, PlanWarning
+from bayesprism.forecast.forecasting import SIMULATED_STEPS_MAX, forecast, summarize_forecast
+from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
 
 STEP_KEYS = {"mean", "p05", "p25", "p50", "p75", "p95", "p99", "ci90"}
 
@@ -205,8 +205,25 @@ def test_cli_table_lists_every_plan():
     assert lines[1].split()[:2] == ["small", "2"] and lines[2].split()[:2] == ["big", "512"]
 
 
+def test_recorded_path_is_the_one_the_composition_takes_with_measured_nodes():
+    """A cluster listing measured nodes makes compose take the exact path (it keeps their
+    positions) whatever the scale or ``exact=False`` says; the forecast records that path."""
+    post = gemm_only(draws=4, scales={"node": {"gemm": 0.1}},
+                     measured_nodes={"fast": 0.0, "slow": 5.0})
+    measured = Cluster(nodes=("fast", "slow"))
+    with pytest.warns(PlanWarning, match="composed exactly"):
+        fc = forecast(post, ParallelPlan(dp=16), draws=None, replicates=2, progress=False,
+                      cluster=measured, exact=False)
+    assert fc["path"].values.tolist() == ["exact"]
+    # the plain cases: by scale, or as asked
+    for exact, path in ((None, "exact"), (False, "fast")):
+        fc = forecast(post, ParallelPlan(dp=16), draws=None, replicates=2, progress=False,
+                      exact=exact)
+        assert fc["path"].values.tolist() == [path]
+
+
 def test_cli_end_to_end_json_and_netcdf(tmp_path, capsys):
-    io = pytest.importorskip("bayesprism.io", reason="bayesprism.io (save/load) not written yet")
+    from bayesprism import io
     from bayesprism.cli.main import main
 
     post_path = tmp_path / "post.nc"
@@ -215,7 +232,7 @@ def test_cli_end_to_end_json_and_netcdf(tmp_path, capsys):
     plan_path.write_text('[[plan]]\nname = "a"\ndp = 2\n[[plan]]\nname = "b"\ndp = 16\n')
     out_json, out_nc = tmp_path / "fc.json", tmp_path / "fc.nc"
     code = main(["forecast", str(post_path), "--plan", str(plan_path), "--steps", "100",
-                 "--draws", "10", "--json", str(out_json), "-o", str(out_nc),
+                 "--draws", "10", "-o", str(out_json), "-o", str(out_nc),
                  "--include-draws", "--quiet"])
     assert code == 0
     summary = json.loads(out_json.read_text())
@@ -232,6 +249,27 @@ def test_cli_end_to_end_json_and_netcdf(tmp_path, capsys):
     assert "command line: dp: must be a positive integer, e.g. 0" in capsys.readouterr().err
 
 
+def test_cli_json_is_a_flag_and_the_old_json_path_still_writes_with_a_warning(tmp_path, capsys):
+    from bayesprism import io
+    from bayesprism.cli.main import main
+
+    post_path = tmp_path / "post.nc"
+    io.save(gemm_only(draws=5), post_path)
+    common = ["--dp", "2", "--draws", "3", "--replicates", "2"]
+    # the flag, after or before the posterior: one JSON object on stdout, nothing on stderr
+    for argv in (["forecast", str(post_path), *common, "--json"],
+                 ["forecast", "--json", str(post_path), *common]):
+        assert main(argv) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out)["plans"][0]["name"] and "FutureWarning" not in err
+    # the spelling of earlier releases: the file is written, the table printed, a warning said
+    old = tmp_path / "old.txt"
+    assert main(["forecast", str(post_path), *common, "--json", str(old)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(old.read_text())["plans"] and "median" in out
+    assert f"--json {old}: --json is a flag now" in err and f"-o {old}" in err
+
+
 # ---------------------------------------------------------------------------- real traces
 @pytest.mark.slow
 def test_traced_plan_forecast_reproduces_the_traced_dlrm_steps(shared_data):
@@ -245,10 +283,7 @@ def test_traced_plan_forecast_reproduces_the_traced_dlrm_steps(shared_data):
     rank's host idle before each synchronisation from the traced idle and waits for the
     slowest rank at each: it must reproduce the step and how long ranks wait for each other.
     """
-    inference = pytest.importorskip("bayesprism.inference")
-    ingest = pytest.importorskip("bayesprism.ingest")
-    if not hasattr(inference, "fit") or not hasattr(ingest, "read_traces"):
-        pytest.skip("fit/read_traces not available yet")
+    from bayesprism import inference, ingest
 
     files = sorted((shared_data / "kineto" / "param_dlrm_8rank").glob("*.json.gz"))
     table = ingest.read_traces(files)

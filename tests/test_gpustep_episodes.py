@@ -44,9 +44,9 @@ def test_episodes_need_the_cell_likelihood():
 
 
 def test_composed_transients_hold_the_episodes():
-    from bayesprism.composition import _transient
+    from bayesprism.forecast.composition import _transient
+    from bayesprism.forecast.workload import build_plan_model
     from bayesprism.plan import ParallelPlan
-    from bayesprism.workload import build_plan_model
 
     post = gemm_only(scales={"gpustep": {"gemm": 0.01}}, population_params={
         "gpustep_slow_weight": 0.03, "gpustep_slow_shift": 10.0, "gpustep_slow_sd": 1.0})
@@ -68,10 +68,10 @@ def test_fast_path_maximum_holds_the_episodes_of_every_gpu_step(shift, sd):
     """The slowest node of N new nodes in a step, by order statistics, has the law of the
     maximum over all N*8 GPUs of the episode mixture (brute force over the same mixture;
     shift 2, sd 4: 31 % of the untruncated episode law lies below zero, where it may not)."""
-    from bayesprism.composition import rank_law
-    from bayesprism.extremes import top_node_log_multipliers
+    from bayesprism.forecast.composition import rank_law
+    from bayesprism.forecast.extremes import top_node_log_multipliers
+    from bayesprism.forecast.workload import build_plan_model
     from bayesprism.plan import ParallelPlan
-    from bayesprism.workload import build_plan_model
 
     n_nodes, scale, w = 256, 0.01, 0.002
     post = gemm_only(draws=200, scales={"gpustep": {"gemm": scale}}, population_params={

@@ -252,14 +252,14 @@ def test_output_directory_is_refused_before_the_work(tmp_path, capsys, artifacts
     argv = {"ingest": ["ingest", GOLDEN, "-o", out_dir],
             "fit": ["fit", GOLDEN, "-o", out_dir],
             "report": ["report", artifacts["post"], "-o", out_dir],
-            "forecast-json": ["forecast", artifacts["post"], "--json", out_dir]}[command]
+            "forecast-json": ["forecast", artifacts["post"], "-o", out_dir]}[command]
     refused(capsys, *argv, names=(str(out_dir), "is a directory"))
     assert list(out_dir.iterdir()) == []
 
 
 def test_atomic_writes_keep_the_old_file_and_leave_no_temporary(tmp_path, capsys, artifacts):
     target = tmp_path / "f.json"
-    code, _, err = run(capsys, "forecast", artifacts["post"], "--draws", "2", "--json", target)
+    code, _, err = run(capsys, "forecast", artifacts["post"], "--draws", "2", "-o", target)
     assert code == 0, err
     good = target.read_text()
     assert json.loads(good)["plans"]

@@ -481,8 +481,8 @@ def test_mixture_residual_recovers_the_slow_component_and_mixes(weight):
     import arviz as az
     import nutpie
 
+    from bayesprism.forecast.workload import residual_moments
     from bayesprism.inference import _compiled_nutpie
-    from bayesprism.workload import residual_moments
 
     table, realised = slow_launch_trace(weight)
     model = mixture_model(table)

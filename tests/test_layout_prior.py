@@ -89,9 +89,9 @@ def test_step_fits_use_the_learned_prior_by_default_and_note_it():
 def test_one_microbatch_count_is_said_in_the_notes_and_the_forecast():
     from test_step_model import LADDER, _Plan, synthetic_ladder
 
+    from bayesprism.forecast.stepscale import SeparabilityWarning, compose_steps
     from bayesprism.model import prepare
     from bayesprism.spec import ModelSpec
-    from bayesprism.stepscale import SeparabilityWarning, compose_steps
 
     spec = ModelSpec.load("step")
     same = [(w, dp, pp, 4) for w, dp, pp, _ in LADDER[:2]]
@@ -146,7 +146,7 @@ def test_refitting_a_shipped_ladder_reproduces_its_evidence(shared_data, tmp_pat
     """One call refits the Llama 3.1 8B ladder (about a minute) and writes a prior whose
     evidence for it matches the shipped one; pooled with the shipped GPT-3 evidence it gives
     the shipped prior (within the sampler's Monte Carlo error)."""
-    from bayesprism.layout_prior import learn_layout_prior
+    from bayesprism.learn_prior import learn_layout_prior
 
     folder = shared_data / "mlperf/training_results_v5.1"
     if not folder.exists():
@@ -179,9 +179,9 @@ def test_a_stated_leaf_switch_size_adds_a_cost_tier_beyond_it():
     import xarray as xr
     from test_step_model import LADDER, _Plan, synthetic_ladder
 
+    from bayesprism.forecast.stepscale import compose_steps
     from bayesprism.model import build, prepare
     from bayesprism.spec import ModelSpec
-    from bayesprism.stepscale import compose_steps
 
     # 16-64 GPUs, pp = 2: gradient groups of dp = 8, 16, 32 ranks on 1, 2 and 4 nodes
     table = synthetic_ladder(2, 5, ladder=LADDER[:3])

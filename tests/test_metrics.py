@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bayesprism import metrics
+from bayesprism.checks import metrics
 
 
 def normal_crps(mu: float, sigma: float, y: float) -> float:

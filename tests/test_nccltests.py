@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bayesprism import collectives as coll
+from bayesprism.costs import collectives as coll
 from bayesprism.errors import TraceFormatError
 from bayesprism.ingest.nccltests import can_read, read_nccl_tests
 from bayesprism.schema import validate_table
@@ -179,7 +179,7 @@ def test_csv_sweeps_of_the_dev_fleet(shared_data):
     assert (df["bytes"].to_numpy() == raw["size_bytes"].to_numpy()).all()
     assert (df["transfer_us"] == df["duration_us"]).all() and (df["wait_us"] == 0).all()
     # nccl-tests' size is the full buffer: algbw = size / time, busbw = algbw (p-1)/p for
-    # AllGather/ReduceScatter, the convention of bayesprism.collectives
+    # AllGather/ReduceScatter, the convention of bayesprism.costs.collectives
     gather = raw["collective"] == "all_gather"
     bus = coll.bandwidth_factor("allgather", raw["gpus"]) * raw["size_bytes"] / raw["time_us"]
     assert np.allclose(bus[gather] / 1e3, raw.loc[gather, "busbw_GBps"], rtol=0.01)

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from posterior_builders import analysis_plan, analysis_posterior
 
+from bayesprism.analysis.placement import place
 from bayesprism.cli.place import format_table
-from bayesprism.composition import compose
 from bayesprism.errors import InputError
-from bayesprism.placement import place
+from bayesprism.forecast.composition import compose
+from bayesprism.forecast.slots import drained_cluster, rank_nodes, slots_of
 from bayesprism.plan import Cluster
-from bayesprism.slots import drained_cluster, rank_nodes, slots_of
 
 pytestmark = pytest.mark.filterwarnings("ignore::bayesprism.plan.PlanWarning")
 
@@ -211,9 +211,9 @@ def test_bad_input_is_named():
 
 
 def test_cli_prints_json_and_tables(tmp_path, degraded, capsys):
-    io = pytest.importorskip("bayesprism.io")
     import json
 
+    from bayesprism import io
     from bayesprism.cli.main import main
 
     post, _, _ = degraded

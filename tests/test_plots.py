@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from figures import png_title
 from PIL import Image
 from posterior_builders import forecast_tree, truth_posterior
 
-from bayesprism import plots
-from bayesprism.diagnostics import diagnose, worst_draws
-from bayesprism.report import forecast_summary
+from bayesprism.checks.diagnostics import diagnose, worst_draws
+from bayesprism.forecast.forecasting import summarize_forecast
+from bayesprism.report import plots
 
 
 @pytest.fixture(scope="module")
@@ -21,12 +22,12 @@ def fit_and_report():
 
 @pytest.fixture(scope="module")
 def summary():
-    return forecast_summary(forecast_tree(seed=1))
+    return summarize_forecast(forecast_tree(seed=1))
 
 
 def _check_png(path, title: str) -> None:
     assert path.exists() and path.stat().st_size > 5000
-    assert plots.png_title(path) == title
+    assert png_title(path) == title
     with Image.open(path) as image:
         assert image.format == "PNG"
         assert image.size[0] > 300 and image.size[1] > 150
@@ -108,4 +109,4 @@ def test_forecast_figures(summary, tmp_path):
 
 def test_custom_title_is_used(summary, tmp_path):
     path = plots.plot_breakdown(summary, tmp_path / "bd.png", title="Where <the> time goes")
-    assert plots.png_title(path) == "Where <the> time goes"
+    assert png_title(path) == "Where <the> time goes"

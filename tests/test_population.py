@@ -7,14 +7,7 @@ import pytest
 import xarray as xr
 from scipy import stats
 
-from bayesprism.population import (
-    draw_effects,
-    draw_max_effects,
-    max_quantile,
-    population_cdf,
-    population_family,
-    population_quantile,
-)
+from bayesprism.forecast.population import draw_effects, population_family, population_quantile
 
 
 def _posterior(family: str, **params) -> xr.Dataset:
@@ -38,6 +31,21 @@ FAMILIES = ["normal", "student_t", "mixture", "degraded"]
 def _family_posterior(family: str) -> xr.Dataset:
     return _posterior(family, node_nu=NU, node_slow_weight=W, node_slow_shift=SHIFT,
                       node_slow_sd=SLOW_SD)
+
+
+def _reference_cdf(family: str, i: int):
+    """SciPy's CDF of posterior draw ``i``'s population."""
+    if family == "normal":
+        return stats.norm().cdf
+    if family == "student_t":
+        return stats.t(NU[i]).cdf
+    w, s = W[i], SHIFT[i]
+    sd = SLOW_SD[i] if family == "degraded" else 1.0
+
+    def cdf(x, w=w, s=s, sd=sd):
+        return (1 - w) * stats.norm.cdf(x) + w * stats.norm.cdf(x, s, sd)
+
+    return cdf
 
 
 def test_family_is_read_from_attrs_and_missing_level_is_a_key_error():
@@ -64,17 +72,7 @@ def test_draws_follow_each_posterior_draws_population(family):
     z = draw_effects(post, "node", 40_000, rng)
     assert z.shape == (6, 40_000)
     for i in range(6):
-        if family == "normal":
-            ref = stats.norm()
-            cdf = ref.cdf
-        elif family == "student_t":
-            cdf = stats.t(NU[i]).cdf
-        else:
-            w, s = W[i], SHIFT[i]
-            sd = SLOW_SD[i] if family == "degraded" else 1.0
-            def cdf(x, w=w, s=s, sd=sd):
-                return (1 - w) * stats.norm.cdf(x) + w * stats.norm.cdf(x, s, sd)
-        assert stats.kstest(z[i], cdf).pvalue > 1e-3
+        assert stats.kstest(z[i], _reference_cdf(family, i)).pvalue > 1e-3
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -84,39 +82,10 @@ def test_quantile_inverts_cdf_and_matches_scipy(family):
     x = population_quantile(post, "node", q)
     assert x.shape == (6, 5)
     # each draw's CDF evaluated at that draw's own quantiles
-    cdf = np.stack([population_cdf(post, "node", x[i])[i] for i in range(6)])
+    cdf = np.stack([_reference_cdf(family, i)(x[i]) for i in range(6)])
     assert np.allclose(cdf, q[None, :], rtol=0, atol=1e-10)
     if family == "student_t":
         expected = np.array([stats.t(nu).ppf(q) for nu in NU])
         assert np.allclose(x, expected, rtol=1e-8)
     if family == "normal":
         assert np.allclose(x, stats.norm.ppf(q)[None, :], rtol=1e-10)
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_max_quantile_and_max_draws_agree_with_brute_force(family):
-    post = _family_posterior(family)
-    n_units = 500
-    rng = np.random.default_rng(2)
-    brute = np.stack(
-        [draw_effects(post, "node", n_units, rng).max(axis=1) for _ in range(2000)], axis=1
-    )
-    fast = draw_max_effects(post, "node", n_units, rng, size=2000)
-    q50 = max_quantile(post, "node", n_units, 0.5)
-    for i in range(6):
-        assert stats.ks_2samp(brute[i], fast[i]).pvalue > 1e-3
-        assert abs(np.mean(brute[i] <= q50[i]) - 0.5) < 0.05
-
-
-def test_max_quantile_of_normal_is_exact_for_huge_n():
-    post = _posterior("normal")
-    n = 100_000
-    x = max_quantile(post, "node", n, 0.5)
-    # P(max <= x) = Phi(x)^n must be 0.5
-    assert np.allclose(stats.norm.cdf(x) ** n, 0.5, rtol=1e-9)
-
-
-def test_heavier_tail_gives_larger_maximum():
-    post = _posterior("student_t", node_nu=[3, 3, 3, 30, 30, 30])
-    m = max_quantile(post, "node", 10_000, 0.5)
-    assert (m[:3] > m[3:] + 1.0).all()

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 from posterior_builders import forecast_tree, truth_posterior
 
+from bayesprism.checks.diagnostics import diagnose
 from bayesprism.cli.main import main
-from bayesprism.diagnostics import diagnose
-from bayesprism.report import data_summary, fmt_p, fmt_s, forecast_summary
-from bayesprism.report import write_report as write
+from bayesprism.forecast.forecasting import summarize_forecast
+from bayesprism.report.html import data_summary
+from bayesprism.report.html import write_report as write
+from bayesprism.report.sections import fmt_p, fmt_s
 
 SENSITIVITY = {
     "contributions": [
@@ -94,7 +96,7 @@ def test_report_is_self_contained(html):
 
 def test_forecast_numbers_match_the_summary_json(html, inputs):
     _, forecast, _ = inputs
-    summary = forecast_summary(forecast)
+    summary = summarize_forecast(forecast)
     assert len(summary["plans"]) == 4
     for plan in summary["plans"]:
         s = plan["step_time_s"]
@@ -107,7 +109,7 @@ def test_forecast_numbers_match_the_summary_json(html, inputs):
 
 def test_summary_is_hand_computable(inputs):
     _, forecast, _ = inputs
-    summary = forecast_summary(forecast)
+    summary = summarize_forecast(forecast)
     plan = summary["plans"][2]
     values = forecast["step_time_s"].isel(plan=2).to_numpy()
     assert plan["name"] == "dp768" and plan["gpus"] == 768 and plan["schedule"] == "1f1b"
@@ -174,7 +176,7 @@ def test_cli_report(inputs, tmp_path, capsys):
     assert code == 0
     assert capsys.readouterr().out == f"wrote {out}\n"
     html = out.read_text()
-    p50 = forecast_summary(forecast)["plans"][0]["step_time_s"]["p50"]
+    p50 = summarize_forecast(forecast)["plans"][0]["step_time_s"]["p50"]
     assert f"<td>{fmt_s(p50)}</td>" in html
     assert "id='placement'" in html
 
@@ -208,7 +210,7 @@ def test_the_answer_opens_the_report_then_data_then_diagnostics(html, inputs):
     # one figure, the table with units, P(slowdown) and P(finish) per deadline
     assert answer.count("data:image/png;base64,") == 1
     assert "P(finish ≤ 5.5 min)" in answer and "P(slowdown &gt; 1.05×)" in answer
-    plan = forecast_summary(forecast)["plans"][3]
+    plan = summarize_forecast(forecast)["plans"][3]
     assert f"<td>{fmt_s(plan['step_time_s']['p50'])}</td>" in answer
     assert fmt_s(plan["step_time_s"]["p50"]).endswith(" ms")
     assert f"<td>{fmt_p(plan['finish_probability']['330'])}</td>" in answer
@@ -217,7 +219,7 @@ def test_the_answer_opens_the_report_then_data_then_diagnostics(html, inputs):
 
 
 def test_single_plan_report_draws_the_answer_without_a_gpu_axis(inputs, tmp_path):
-    from bayesprism.plots import png_title
+    from figures import png_title
 
     fit, forecast, diagnosis = inputs
     one = forecast.to_dataset().isel(plan=[0])
@@ -227,9 +229,9 @@ def test_single_plan_report_draws_the_answer_without_a_gpu_axis(inputs, tmp_path
     answer = html[html.index("id='answer'"):html.index("id='data'")]
     assert answer.count("data:image/png;base64,") == 1
     assert html.count("data:image/png;base64,") == 8
-    from bayesprism import plots
+    from bayesprism.report import plots
 
-    summary = forecast_summary(one)
+    summary = summarize_forecast(one)
     path = plots.plot_answer(summary, tmp_path / "answer.png")
     assert png_title(path) == "Step time and training time vs number of GPUs"
 

@@ -45,7 +45,7 @@ def test_forecasts_repeat_with_their_seed(scene, capsys, tmp_path):
     def run(seed: int) -> dict:
         out = tmp_path / f"forecast-{seed}.json"
         args = ["forecast", str(scene / "posterior.nc"), "--plan", str(scene / "plan.toml"),
-                "--draws", "4", "--replicates", "4", "--random-seed", str(seed), "--json", str(out),
+                "--draws", "4", "--replicates", "4", "--random-seed", str(seed), "-o", str(out),
                 "--quiet"]
         assert main(args) == 0
         return json.loads(out.read_text())

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from posterior_builders import gemm_only
 
-from bayesprism.composition import ideal_step_time
 from bayesprism.errors import InputError
+from bayesprism.forecast.composition import ideal_step_time
+from bayesprism.forecast.workload import build_plan_model, residual_moments
 from bayesprism.plan import ParallelPlan, PlanWarning
-from bayesprism.workload import build_plan_model, residual_moments
 
 SIGMA, WEIGHT, SHIFT, SLOW_SD = 0.05, 0.1, 0.6, 0.3
 

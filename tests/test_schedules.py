@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bayesprism.schedules import build_schedule, pipeline_finish
+from bayesprism.forecast.schedules import build_schedule, pipeline_finish
 
 F, B = 1.0, 2.0
 

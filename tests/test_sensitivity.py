@@ -7,10 +7,11 @@ import pytest
 import xarray as xr
 from posterior_builders import analysis_plan, analysis_posterior
 
+from bayesprism.analysis.sensitivity import REMOVED, sensitivity, sources_of
 from bayesprism.cli.sensitivity import format_table
 from bayesprism.errors import InputError
-from bayesprism.sensitivity import REMOVED, sensitivity, sources_of, thin_draws
-from bayesprism.workload import residual_moments
+from bayesprism.forecast.workload import residual_moments
+from bayesprism.posterior import thin_draws
 
 pytestmark = pytest.mark.filterwarnings("ignore::bayesprism.plan.PlanWarning")
 
@@ -39,7 +40,7 @@ def test_critical_path_class_dominates_an_overlapped_high_variance_class(noisy_p
     assert ranked[0] == ("gemm", "gpustep")
     gemm = _entry(result, "gemm", "gpustep")
     assert gemm["p95_delta_ci90"][0] > 0
-    assert gemm["slowdown_p_delta"]["0.05"] > 0.5
+    assert gemm["slowdown_p_delta"]["1.05"] > 0.5
     # high variance is not high impact: the overlapped collective changes nothing at all ...
     allreduce = _entry(result, "allreduce", "collective")
     assert allreduce["p95_delta_s"] == 0.0 and allreduce["p95_delta_ci90"] == [0.0, 0.0]
@@ -112,9 +113,9 @@ def test_bad_input_is_refused():
 
 
 def test_cli_prints_json_and_tables(tmp_path, noisy_posterior, capsys):
-    io = pytest.importorskip("bayesprism.io")
     import json
 
+    from bayesprism import io
     from bayesprism.cli.main import main
 
     path = tmp_path / "posterior.nc"
@@ -240,7 +241,7 @@ def test_degraded_links_are_a_source_with_their_cost():
     # all-reduce 3x slower in bandwidth: removing the source takes exactly that time off
     from posterior_builders import kernel_posterior
 
-    from bayesprism import collectives
+    from bayesprism.costs import collectives
     from bayesprism.plan import ParallelPlan
 
     kernels = {"g": {"class": "gemm", "launches": 1.0, "log_median": np.log(1000.0)},

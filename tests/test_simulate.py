@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import re
 from collections import defaultdict
@@ -35,8 +34,6 @@ def simulated(tmp_path_factory):
 @pytest.fixture(scope="session")
 def simulated_table(simulated):
     """The simulated traces read back by ``bayesprism.read_traces`` (once a session)."""
-    if importlib.util.find_spec("bayesprism.ingest.kineto") is None:
-        pytest.skip("the Kineto reader is not written yet")
     import bayesprism
 
     return bayesprism.read_traces([simulated[0]], progress=False)

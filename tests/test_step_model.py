@@ -1,5 +1,5 @@
 """Step-level model: preparation, known-truth recovery on a synthetic ladder, real MLPerf ladders,
-and forecasts at new scales (``bayesprism.stepscale``)."""
+and forecasts at new scales (``bayesprism.forecast.stepscale``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bayesprism.costs.step import max_normal_moments
 from bayesprism.errors import InputError
-from bayesprism.model.step import max_normal_moments
 from bayesprism.schema import empty_attrs, validate_table
 
 TRUTH = {"mb_log_median": np.log(0.05), "rank_sigma": 0.03, "bubble_efficiency": 0.9,
@@ -63,7 +63,7 @@ def synthetic_ladder(runs_per_scale: int, steps: int, seed: int = 0,
 
 
 def test_comm_terms_ring_allreduce_by_hand():
-    from bayesprism.model.step import comm_terms, schedule_bubble_slots
+    from bayesprism.costs.step import comm_terms, schedule_bubble_slots
 
     terms = comm_terms(np.array([8, 16, 64]), np.array([1, 1, 4]), np.array([1, 1, 8]),
                        np.array([8, 16, 256]), np.array([8, 8, 8]), reference_tp_pp=1.0)
@@ -147,7 +147,7 @@ def test_step_model_recovers_synthetic_truth(synthetic_step_fit):
 
 
 def test_compose_steps_forecasts_an_unmeasured_scale(synthetic_step_fit):
-    from bayesprism.stepscale import compose_steps
+    from bayesprism.forecast.stepscale import compose_steps
 
     _, tree = synthetic_step_fit
     plan = _Plan(dp=512, pp=2, microbatches=2)  # 1024 GPUs, 4x beyond the ladder
@@ -167,7 +167,7 @@ def test_compose_steps_forecasts_an_unmeasured_scale(synthetic_step_fit):
 
 def test_forecast_mean_is_finite_and_stable(synthetic_step_fit):
     """The slow-step mixture has a finite mean: two seeds agree within Monte Carlo error."""
-    from bayesprism.stepscale import compose_steps
+    from bayesprism.forecast.stepscale import compose_steps
 
     _, tree = synthetic_step_fit
     plan = _Plan(dp=512, pp=2, microbatches=2)  # 4x the largest fitted scale
@@ -368,7 +368,7 @@ def test_overhead_coordinates_follow_the_reference_tier_or_step_aside():
 def test_ci90_of_a_forecast_shows_level_uncertainty_on_its_own(synthetic_step_fit):
     """Replicates are stratified: a draw's mean over its replicates is close to its expected
     step, so the spread of those means (``ci90``) is the level's, not Monte Carlo noise."""
-    from bayesprism.stepscale import compose_steps
+    from bayesprism.forecast.stepscale import compose_steps
 
     _, tree = synthetic_step_fit
     plan = _Plan(dp=8, pp=2, microbatches=8)  # a measured layout: its level is well known

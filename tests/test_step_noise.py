@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from bayesprism.errors import SpecError
+from bayesprism.forecast.workload import residual_moments
 from bayesprism.schema import validate_table
 from bayesprism.spec import ModelSpec
-from bayesprism.workload import residual_moments
 
 NOISY_STEP_FACTOR = 6.0
 CORE_SD = 0.02
@@ -111,7 +111,7 @@ def noisy_fit():
 
 @pytest.mark.filterwarnings("ignore::bayesprism.errors.ConvergenceWarning")
 def test_a_noisy_repeat_is_recovered_and_predicted_with_its_own_spread(noisy_fit):
-    from bayesprism.validate import predict_rows
+    from bayesprism.checks.row_predictive import predict_rows
 
     table, tree = noisy_fit
     post = tree["posterior"]
@@ -140,7 +140,7 @@ def test_a_noisy_repeat_is_recovered_and_predicted_with_its_own_spread(noisy_fit
 def test_fitted_steps_and_nodes_are_predicted_at_their_own_level(noisy_fit):
     # one run: the step effects' mean is a prior-only coordinate, which kernel_log_median
     # absorbs; without that the prediction of a fitted step carried it (sd ~0.05 here)
-    from bayesprism.validate import predict_rows
+    from bayesprism.checks.row_predictive import predict_rows
 
     table, tree = noisy_fit
     rows = table.loc[(table["node"] == "n0") & (table["step"] == 3)]
@@ -155,8 +155,8 @@ def test_plan_models_carry_the_fitted_steps_noise():
 
     from posterior_builders import gemm_only
 
+    from bayesprism.forecast.workload import build_plan_model
     from bayesprism.plan import ParallelPlan, PlanWarning
-    from bayesprism.workload import build_plan_model
 
     launches, sigma = 10.0, 0.05
     tree = gemm_only(draws=4, launches=launches, scales={"resid": {"gemm": sigma}})
@@ -180,7 +180,7 @@ def test_plan_models_carry_the_fitted_steps_noise():
 def test_fitted_step_weights_count_the_gpu_steps_of_each_step():
     import xarray as xr
 
-    from bayesprism.workload import fitted_step_weights
+    from bayesprism.forecast.workload import fitted_step_weights
 
     tree = xr.DataTree.from_dict({
         "posterior": xr.Dataset(coords={"step_unit": ["r/0", "r/1", "r/2"]}),

@@ -94,7 +94,7 @@ class _Plan:
 
 
 def test_forecast_spike_share_grows_beyond_the_ladder(spiky_fit):
-    from bayesprism.stepscale import compose_steps, spike_weight
+    from bayesprism.forecast.stepscale import compose_steps, spike_weight
 
     _, tree = spiky_fit
     post = tree["posterior"].to_dataset()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from posterior_builders import kernel_posterior, quiet_compose, tiny_kernel_table
 
-from bayesprism import collectives
+from bayesprism.costs import collectives
 from bayesprism.inventory import traced_plan
 from bayesprism.plan import Cluster, ParallelPlan
 
@@ -165,8 +165,8 @@ def test_inter_node_bandwidth_falls_with_the_nodes_a_ring_spans():
 
 def test_an_unfitted_fabric_exponent_keeps_its_prior():
     # no group of the fit spanned more than two nodes: γ per draw from its half-normal prior
+    from bayesprism.forecast.workload import posterior_arrays
     from bayesprism.spec import DEFAULT_PRIORS
-    from bayesprism.workload import posterior_arrays
 
     kernels = {"g": {"class": "gemm", "launches": 1.0, "log_median": np.log(1000.0)},
                "ar [dp]": {"class": "allreduce", "role": "dp", "launches": 1.0,
@@ -221,8 +221,8 @@ def test_the_chance_of_a_degraded_link_grows_with_the_nodes():
 
 def test_unfitted_degraded_links_keep_their_priors():
     # a fit without several units of inter-node transfers: r ~ Beta(1, b), δ ~ half-normal
+    from bayesprism.forecast.workload import posterior_arrays
     from bayesprism.spec import DEFAULT_PRIORS
-    from bayesprism.workload import posterior_arrays
 
     kernels = {"g": {"class": "gemm", "launches": 1.0, "log_median": np.log(1000.0)},
                "ar [dp]": {"class": "allreduce", "role": "dp", "launches": 1.0,

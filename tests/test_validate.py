@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import numpy as np
@@ -10,21 +9,21 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from bayesprism.baselines import degenerate_posterior, step_baseline_draws, step_slots
-from bayesprism.cli.main import main
-from bayesprism.errors import InputError
-from bayesprism.metrics import METRICS
-from bayesprism.schema import validate_table, write_table
-from bayesprism.validate import (
-    plot_pit_histogram,
+from bayesprism.checks.baselines import degenerate_posterior, step_baseline_draws, step_slots
+from bayesprism.checks.metrics import METRICS
+from bayesprism.checks.row_predictive import predict_rows
+from bayesprism.checks.splits import split_table
+from bayesprism.checks.validate import (
     predict_heldout,
-    predict_rows,
     predicted_slowest,
     rank_step_times,
     resampled_slowest,
-    split_table,
     validate,
 )
+from bayesprism.cli.main import main
+from bayesprism.errors import InputError
+from bayesprism.report.plots import plot_pit_histogram
+from bayesprism.schema import validate_table, write_table
 
 KERNEL_MEDIANS_US = {"gemm_a": 100.0, "gemm_b": 400.0, "add": 20.0}
 KERNEL_CLASSES = {"gemm_a": "gemm", "gemm_b": "gemm", "add": "elementwise"}
@@ -327,8 +326,6 @@ def test_cli_without_heldout_or_split_exits_2(kernel_table, tmp_path, capsys):
 
 
 @pytest.mark.slow  # a real fit: ~30-90 s, mostly compilation
-@pytest.mark.skipif(importlib.util.find_spec("bayesprism.inference") is None,
-                    reason="bayesprism.inference (fit) is not written yet")
 def test_cli_json_with_the_bayesprism_fit(kernel_table, tmp_path, capsys):
     path = write_table(kernel_table, tmp_path / "table.parquet")
     code = main(["validate", "--fit", str(path), "--split", "nodes", "--json", "--draws", "50",

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from posterior_builders import analysis_plan, analysis_posterior
 
-from bayesprism.analysis import Changes, what_if
-from bayesprism.collectives import transfer_time_us
-from bayesprism.composition import compose
+from bayesprism.analysis.what_if import Changes, what_if
+from bayesprism.costs.collectives import transfer_time_us
 from bayesprism.errors import InputError
+from bayesprism.forecast.composition import compose
 from bayesprism.plan import Cluster
 
 pytestmark = pytest.mark.filterwarnings("ignore::bayesprism.plan.PlanWarning")
@@ -60,6 +60,22 @@ def test_no_change_gives_exactly_zero_deltas_under_variability():
     for key in ("mean_s", "p50_s", "p95_s"):
         assert result["deltas"][key] == {"estimate": 0.0, "ci90": [0.0, 0.0]}
     assert result["base"]["p95_s"] > result["base"]["ideal_step_time_s"]
+
+
+def test_thresholds_are_ratios_and_the_old_fractions_still_work_with_a_warning():
+    """1.10 asks for P(step > 1.10 x ideal), keyed "1.10" as in forecast; 0.1, the spelling
+    of earlier releases, gives the same numbers with a FutureWarning."""
+    post = analysis_posterior(draws=6, scales={"gpustep": {"gemm": 0.2}})
+    args = (post, analysis_plan(dp=2), {"faster": {"gemm": 0.1}})
+    ratio = what_if(*args, draws=6, replicates=8, thresholds=(1.02, 1.10))
+    assert list(ratio["base"]["slowdown_p"]) == ["1.02", "1.10"]
+    assert ratio["thresholds"] == [1.02, 1.10]
+    with pytest.warns(FutureWarning, match="read as fractions"):
+        old = what_if(*args, draws=6, replicates=8, thresholds=(0.02, 0.1))
+    assert old["base"] == ratio["base"] and old["deltas"] == ratio["deltas"]
+    base = ratio["base"]
+    assert 0 < base["slowdown_p"]["1.02"] and base["slowdown_p"]["1.10"] <= base["slowdown_p"][
+        "1.02"]
 
 
 def test_microbatches_and_schedule_match_direct_compositions_with_the_same_seed():

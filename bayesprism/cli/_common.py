@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
 import numpy as np
+
+# duration_unit, format_duration, format_interval: shared with the report (a lower layer)
+from bayesprism.report.sections import duration_unit, format_duration, format_interval
 
 
 def add_common(parser) -> None:
@@ -252,13 +256,6 @@ def parse_number_list(text: str, option: str, *, lowest: float, exclusive: bool 
     return values
 
 
-# duration_unit, format_duration, format_interval: shared with the report (a lower layer)
-from bayesprism.report_sections import (  # noqa: E402
-    duration_unit,
-    format_duration,
-    format_interval,
-)
-
 __all__ = [
     "add_columns_option", "add_common", "add_layout_option", "check_counts", "check_outputs",
     "duration_unit", "format_duration", "format_interval", "parse_columns", "parse_duration",
@@ -311,8 +308,6 @@ def summarize_warnings(caught) -> list[str]:
     >>> summarize_warnings(caught)[0].splitlines()[0]
     'dp8, dp64: TP communication is left out'
     """
-    import re
-
     prefixed = re.compile(r"^([^\s:]+): (.+)$", re.DOTALL)
     groups: dict[tuple[str, str], list[str]] = {}
     for record in caught:

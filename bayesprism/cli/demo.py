@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from bayesprism.cli._common import add_common, to_jsonable
@@ -83,7 +84,7 @@ def _write_json(path: Path, obj) -> Path:
 
 def run(args) -> int:
     import bayesprism as bp
-    from bayesprism.forecast import summarize_forecast
+    from bayesprism.forecast.forecasting import summarize_forecast
     from bayesprism.plan import ParallelPlan
 
     out: Path = args.output
@@ -219,8 +220,6 @@ def run(args) -> int:
 
 def _mlperf_plans(runs: dict) -> list:
     """Every logged layout of the ladder, plus 2x and 4x the largest one's data parallelism."""
-    from dataclasses import replace
-
     from bayesprism.plan import plan_from_run
 
     plans = sorted({plan_from_run(meta) for meta in runs.values()}, key=lambda p: p.gpus)

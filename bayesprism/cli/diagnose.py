@@ -59,8 +59,8 @@ def load_artifact(path: str | Path, expect: str | None = None):
 
 def write_plots(posterior, report, out_dir: str | Path) -> list[Path]:
     """Draw every diagnostic figure of ``report`` into ``out_dir``; returns the files."""
-    from bayesprism import plots
-    from bayesprism.diagnostics import worst_draws
+    from bayesprism.checks.diagnostics import worst_draws
+    from bayesprism.report import plots
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -122,7 +122,7 @@ def format_report(report) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Diagnose and print; exit 3 with ``--strict`` when the fit cannot be trusted."""
-    from bayesprism.diagnostics import diagnose
+    from bayesprism.checks.diagnostics import diagnose
     from bayesprism.errors import InputError, Problem
 
     if args.output and Path(args.output).exists() and not Path(args.output).is_dir():

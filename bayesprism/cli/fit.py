@@ -7,8 +7,6 @@ import math
 import warnings
 from pathlib import Path
 
-import numpy as np
-
 from bayesprism.cli._common import (
     add_columns_option,
     add_common,
@@ -18,13 +16,6 @@ from bayesprism.cli._common import (
     print_json,
 )
 from bayesprism.errors import ConvergenceWarning, InputError, Problem
-
-#: Kernel-model loadings reported as variance components (JSON key -> posterior variable).
-KERNEL_LEVELS = {"node": "node_scale", "gpu": "gpu_scale", "step": "step_scale",
-                 "gpustep": "gpustep_scale", "residual": "resid_scale"}
-#: Step-model scales reported as variance components.
-STEP_LEVELS = {"config": "config_sd", "run": "run_sd", "rank": "rank_sigma",
-               "slot": "slot_noise", "step": "step_noise"}
 
 
 def register(sub) -> None:
@@ -60,45 +51,6 @@ def register(sub) -> None:
     parser.set_defaults(func=run)
 
 
-def _cv(sigma: np.ndarray) -> float:
-    """Posterior median of the coefficient of variation of a lognormal level."""
-    return float(np.median(np.sqrt(np.expm1(np.asarray(sigma, dtype=float) ** 2))))
-
-
-def variance_components(tree) -> dict:
-    """``{class: {level: CV}}``: CV = sqrt(exp(σ²) − 1) of each level's loading, median.
-
-    Kernel posteriors give ``node``, ``gpu``, ``step``, ``residual`` (None when the level was not
-    fitted) and ``gpustep`` when fitted; step posteriors give one class ``step`` with ``run``,
-    ``rank``, ``slot``, ``step`` (and ``config`` when fitted). The residual's σ is its log sd
-    (:func:`bayesprism.diagnostics.residual_log_sd`).
-    """
-    posterior = tree["posterior"].to_dataset()
-    if tree.attrs.get("model_kind") == "step":
-        return {"step": {level: _cv(posterior[name].to_numpy()) for level, name in
-                         STEP_LEVELS.items() if name in posterior}}
-    if "resid_scale" in posterior:
-        # a two-component residual's log sd includes its slow launches
-        from bayesprism.diagnostics import residual_log_sd
-
-        posterior["resid_scale"] = residual_log_sd(posterior)
-    classes = []
-    for name in KERNEL_LEVELS.values():
-        if name in posterior and "kernel_class" in posterior[name].dims:
-            classes = [str(c) for c in posterior[name]["kernel_class"].to_numpy()]
-            break
-    out: dict = {}
-    for cls in classes:
-        levels: dict = {}
-        for level, name in KERNEL_LEVELS.items():
-            if name in posterior and cls in posterior[name]["kernel_class"]:
-                levels[level] = _cv(posterior[name].sel(kernel_class=cls).to_numpy())
-            elif level != "gpustep":
-                levels[level] = None
-        out[cls] = levels
-    return out
-
-
 def _fmt(value) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
@@ -106,6 +58,7 @@ def _fmt(value) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bayesprism.checks.diagnostics import level_cvs
     from bayesprism.inference import convergence_summary, fit
     from bayesprism.ingest.layout import parse_layout_args
     from bayesprism.ingest.parquet import read_inputs
@@ -145,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
              or str(w.message).startswith("every row is a step-level row")]
     path = save(tree, args.output)
     conv = convergence_summary(tree)
-    components = variance_components(tree)
+    components = level_cvs(tree)
     summary = {
         "path": str(path),
         "model_kind": tree.attrs["model_kind"],

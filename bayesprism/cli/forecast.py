@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+import warnings
 from pathlib import Path
 
 from bayesprism.cli._common import (
@@ -33,7 +35,9 @@ def register(sub) -> None:
         "parallel plans from --plan files and/or layout flags (flags override every file's "
         "plans; without either, the traced plan is forecast).",
     )
-    parser.add_argument("posterior", type=Path, metavar="POSTERIOR", help="fitted posterior")
+    # optional for argparse only: ``--json POSTERIOR`` (the flag before it) is sorted out in run
+    parser.add_argument("posterior", type=Path, nargs="?", default=None, metavar="POSTERIOR",
+                        help="fitted posterior")
     parser.add_argument("--plan", type=Path, action="append", default=[], metavar="PLAN.toml",
                         help="plan file ([[plan]] tables or one plan); repeatable")
     parser.add_argument("--cluster", type=Path, default=None, metavar="CLUSTER.toml",
@@ -70,10 +74,12 @@ def register(sub) -> None:
     parser.add_argument("--replicates", type=int, default=8, help="steps per draw (default 8)")
     parser.add_argument("--random-seed", "--seed", dest="random_seed", type=int,
                         default=0, help="random seed (default 0)")
-    parser.add_argument("--json", type=Path, default=None, metavar="OUT.json",
-                        help="write the summary as JSON ('-' for stdout)")
-    parser.add_argument("-o", "--output", type=Path, default=None, metavar="forecast.nc",
-                        help="save the forecast DataTree (netCDF)")
+    parser.add_argument("--json", nargs="?", const="-", default=None, metavar="",
+                        help="print the summary as one JSON object on stdout (instead of the "
+                        "table); write it to a file with -o PATH.json")
+    parser.add_argument("-o", "--output", type=Path, action="append", default=[],
+                        metavar="PATH", help="write the summary as JSON (PATH.json) or save the "
+                        "forecast DataTree (netCDF, any other name); repeatable")
     parser.add_argument("--include-draws", action="store_true",
                         help="add every step-time draw to the JSON")
     add_common(parser)
@@ -158,13 +164,10 @@ def build_plans(args: argparse.Namespace, posterior=None) -> tuple[list, object]
 
 
 def _traced_plan_values(posterior) -> dict:
-    from bayesprism.inventory import recorded_traced_plan
-    from bayesprism.plan import ParallelPlan
+    from bayesprism.posterior import traced_plan_values
 
-    traced = recorded_traced_plan(
-        posterior["inventory"] if "inventory" in posterior.children else None)
-    accepted = set(ParallelPlan.__dataclass_fields__) - {"source", "world_size"}
-    values = {k: v for k, v in traced.items() if k in accepted and v is not None}
+    values = traced_plan_values(posterior)
+    values.pop("world_size", None)  # the flags may change the degrees
     values.setdefault("name", "traced")
     return values
 
@@ -251,9 +254,9 @@ def baseline_step_time(text: str, posterior, source: str = "posterior"
     ------
     InputError
         Not ``ideal``, ``traced`` or a duration; ``traced`` on a posterior without a measured
-        step (see :func:`bayesprism.forecast.traced_step_time_s`).
+        step (see :func:`bayesprism.forecast.forecasting.traced_step_time_s`).
     """
-    from bayesprism.forecast import traced_step_time_s
+    from bayesprism.forecast.forecasting import traced_step_time_s
 
     choice = text.strip().lower()
     if choice == "ideal":
@@ -283,8 +286,6 @@ def training_steps(args: argparse.Namespace) -> int | None:
     >>> training_steps(ns)
     1431
     """
-    import math
-
     given = [name for name in ("steps", "samples", "tokens") if getattr(args, name) is not None]
     if len(given) > 1:
         raise InputError(Problem("command line", "--" + given[1], "give one of --steps, "
@@ -310,13 +311,41 @@ def training_steps(args: argparse.Namespace) -> int | None:
     return max(1, math.ceil(amount / per_step))
 
 
+def output_paths(args: argparse.Namespace) -> tuple[bool, list[tuple[Path, str]]]:
+    """Whether to print JSON on stdout, and the files to write as ``(path, option)``.
+
+    ``--json`` is a flag. ``--json PATH`` is the spelling of earlier releases (a file): still
+    written, with a ``FutureWarning``; ``--json POSTERIOR`` with no other positional is the flag
+    before the posterior.
+
+    Examples
+    --------
+    >>> ns = argparse.Namespace(posterior=None, json="post.nc", output=[Path("f.json")])
+    >>> output_paths(ns), ns.posterior
+    ((True, [(PosixPath('f.json'), '-o')]), PosixPath('post.nc'))
+    """
+    outputs = [(Path(path), "-o") for path in args.output]
+    if args.json in (None, "-"):
+        return args.json == "-", outputs
+    if args.posterior is None:
+        args.posterior = Path(args.json)
+        return True, outputs
+    warnings.warn(f"--json {args.json}: --json is a flag now (JSON on stdout); write the file "
+                  f"with -o {args.json} (the path after --json works for one more release)",
+                  FutureWarning, stacklevel=2)
+    return False, [*outputs, (Path(args.json), "--json")]
+
+
 def run(args) -> int:
-    from bayesprism.forecast import forecast, summarize_forecast
+    from bayesprism.forecast.forecasting import forecast, summarize_forecast
     from bayesprism.io import load, save
 
+    to_stdout, outputs = output_paths(args)
+    if args.posterior is None:
+        raise InputError(Problem("command line", "POSTERIOR", "the fitted posterior is required"))
     check_counts(("--steps", args.steps, 1, None), ("--draws", args.draws, 1, None),
                  ("--replicates", args.replicates, 1, None))
-    check_outputs((args.json, "--json"), (args.output, "-o"))
+    check_outputs(*outputs)
     steps = training_steps(args)
     thresholds = parse_number_list(args.thresholds, "--thresholds", lowest=0.0)
     deadlines = [t for text in args.deadline for part in text.split(",") if part.strip()
@@ -343,11 +372,13 @@ def run(args) -> int:
     )
     summary = {**summarize_forecast(result, include_draws=args.include_draws),
                "baseline": baseline, "thresholds": thresholds, "deadlines_s": deadlines}
-    if args.output is not None:
-        save(result, args.output)
-    if args.json is not None:
-        print_json(summary, args.json)
-        if str(args.json) == "-":
-            return 0
+    for path, option in outputs:
+        if option == "--json" or path.suffix.lower() == ".json":
+            print_json(summary, path)
+        else:
+            save(result, path)
+    if to_stdout:
+        print_json(summary)
+        return 0
     print(format_table(summary))
     return 0

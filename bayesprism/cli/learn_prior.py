@@ -31,7 +31,8 @@ def register(sub) -> None:
     parser.add_argument("--draws", type=int, default=1000, help="draws per chain (default 1000)")
     parser.add_argument("--tune", type=int, default=1000, help="warm-up per chain (default 1000)")
     parser.add_argument("--chains", type=int, default=2, help="chains (default 2)")
-    parser.add_argument("--seed", dest="random_seed", type=int, default=0, metavar="SEED",
+    parser.add_argument("--random-seed", "--seed", dest="random_seed", type=int, default=0,
+                        metavar="SEED",
                         help="random seed (default 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_common(parser)
@@ -96,7 +97,7 @@ def _layout_values(facts: dict[str, dict[str, str]]) -> dict[str, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bayesprism.layout_prior import learn_layout_prior
+    from bayesprism.learn_prior import learn_layout_prior
 
     check_counts(("--draws", args.draws, 1, None), ("--tune", args.tune, 1, None),
                  ("--chains", args.chains, 1, None))

@@ -13,10 +13,10 @@ import os
 import sys
 import warnings
 
-from bayesprism import __version__
+from bayesprism._version import __version__
 from bayesprism.errors import BayesPrismError, InputError
 
-#: Sub-commands in the order shown by ``--help``; a missing module is skipped (work in progress).
+#: Sub-commands in the order shown by ``--help`` (module ``bayesprism.cli.<name>``).
 SUBCOMMANDS = (
     "ingest",
     "simulate",
@@ -42,13 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"bayesprism {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"bayesprism.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"bayesprism.cli.{name}":
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(f"bayesprism.cli.{name}").register(sub)
     return parser
 
 

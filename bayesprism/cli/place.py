@@ -28,7 +28,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from bayesprism.placement import place
+    from bayesprism.analysis.placement import place
 
     posterior, plan, cluster = load_inputs(args)
     result = place(

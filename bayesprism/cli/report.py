@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     """Load the inputs and write the report."""
     from bayesprism.cli.diagnose import load_artifact
     from bayesprism.outputs import check_output_path
-    from bayesprism.report import write_report
+    from bayesprism.report.html import write_report
 
     check_output_path(args.output, "-o")
     posterior = load_artifact(args.posterior, expect="posterior")

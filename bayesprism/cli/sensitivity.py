@@ -77,7 +77,7 @@ def _interval(ci) -> str:
 
 
 def run(args) -> int:
-    from bayesprism.sensitivity import sensitivity
+    from bayesprism.analysis.sensitivity import sensitivity
 
     posterior, plan, cluster = load_inputs(args)
     result = sensitivity(
@@ -104,13 +104,13 @@ def format_table(result: dict, plan_name: str, top: int) -> str:
         f"plan {plan_name}: ideal {format_duration(base['ideal_step_time_s'])}, mean "
         f"{format_duration(base['mean_s'])}, p95 {format_duration(base['p95_s'])} "
         f"[{format_duration(base['p95_ci90'][0])}, {format_duration(base['p95_ci90'][1])}], "
-        + ", ".join(f"P(slowdown>{k}) {base['slowdown_p'][k]:.3f}" for k in keys),
+        + ", ".join(f"P(>{float(k):g}x) {base['slowdown_p'][k]:.3f}" for k in keys),
         f"({result['draws']} draws x {result['replicates']} steps, seed {result['random_seed']}; "
         "deltas are what the source adds: with it minus without it)",
         "",
     ]
     header = f"{'factor':<16}{'level':<11}{'p95 delta':>13}  {'90% interval':<26}"
-    header += "".join(f"{'dP>' + k:>10}" for k in keys) + f"{'halved p95':>13}"
+    header += "".join(f"{f'dP>{float(k):g}x':>10}" for k in keys) + f"{'halved p95':>13}"
     lines += [header, "-" * len(header)]
     shown = [e for e in result["contributions"] if e["composed"]]
     for entry in shown[:top]:

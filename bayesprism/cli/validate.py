@@ -56,11 +56,12 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from bayesprism.checks.metrics import METRICS
+    from bayesprism.checks.validate import validate
     from bayesprism.errors import InputError, Problem
     from bayesprism.ingest.layout import parse_layout_args
     from bayesprism.ingest.parquet import read_inputs
-    from bayesprism.metrics import METRICS
-    from bayesprism.validate import plot_pit_histogram, validate
+    from bayesprism.report.plots import plot_pit_histogram
 
     if args.heldout is None and args.split is None:
         raise InputError(Problem("validate", "--heldout", "give --heldout PATH... or --split"))

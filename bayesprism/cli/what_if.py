@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import tomllib
 from pathlib import Path
 
 from bayesprism.cli._common import add_common, format_duration, print_json
@@ -67,8 +68,6 @@ def build_changes(args: argparse.Namespace) -> dict:
     """
     changes: dict = {}
     if args.changes is not None:
-        import tomllib
-
         try:
             changes = tomllib.loads(Path(args.changes).read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -93,7 +92,7 @@ def build_changes(args: argparse.Namespace) -> dict:
 
 
 def run(args) -> int:
-    from bayesprism.analysis import what_if
+    from bayesprism.analysis.what_if import what_if
 
     changes = build_changes(args)
     posterior, plan, cluster = load_inputs(args)
@@ -123,7 +122,7 @@ def format_table(result: dict, plan_name: str) -> str:
             f"{result['relative'][key]['estimate']:>8.3f}")
     for k, delta in result["deltas"]["slowdown_p"].items():
         lo, hi = delta["ci90"]
-        label = f"P(>{1 + float(k):g}x ideal)"
+        label = f"P(>{float(k):g}x ideal)"
         lines.append(f"{label:<14}{base['slowdown_p'][k]:>12.2f}{changed['slowdown_p'][k]:>12.2f}"
                      f"{delta['estimate']:>+12.2f}  {f'{lo:+.2f} to {hi:+.2f}':<22}")
     lines.append(f"({result['draws']} draws x {result['replicates']} steps, seed "

@@ -8,7 +8,7 @@ record (:mod:`bayesprism.ingest.layout`).
 
 from __future__ import annotations
 
-from bayesprism.ingest.dispatch import read_traces
 from bayesprism.ingest.parquet import ingest_to_parquet, read_inputs
+from bayesprism.ingest.read import read_traces
 
 __all__ = ["ingest_to_parquet", "read_inputs", "read_traces"]

@@ -3,9 +3,8 @@
 * :func:`expand_paths`: files, directories (searched recursively) and glob patterns.
 * :func:`sniff`: the first 64 KiB of a file (decompressed when gzip) decide the reader; the
   extension alone never does. Readers are tried in :data:`READERS` order, each through its
-  module's ``can_read(path, head)``; modules are imported lazily, so a reader that is missing
-  does not break the others.
-* :func:`read_traces`: every file into one DataFrame (in memory).
+  module's ``can_read(path, head)``.
+* :func:`bayesprism.ingest.read.read_traces`: every file into one DataFrame (in memory).
 * :func:`bayesprism.ingest.parquet.ingest_to_parquet`: the same, file by file into Parquet with
   bounded memory.
 * Layout facts stated by the user (``layout=``) are checked and applied to every run by
@@ -27,10 +26,13 @@ from __future__ import annotations
 import glob
 import importlib
 import inspect
+import multiprocessing
 import os
 import warnings
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,18 +40,22 @@ import numpy as np
 import pandas as pd
 
 from bayesprism.errors import IngestWarning, InputError, Problem, TraceFormatError
+from bayesprism.ingest.benchmarks import ID_COLUMNS
 from bayesprism.ingest.files import paused_gc
 from bayesprism.ingest.joblayout import reconcile_layout
-from bayesprism.ingest.layout import check_layout, report_with_layout
-from bayesprism.ingest.signatures import SignatureStats, apply_signatures, signature_map
+from bayesprism.ingest.kineto import TRACE_HANDLER_NAME
+from bayesprism.ingest.layout import report_with_layout
+from bayesprism.ingest.signatures import SignatureStats, signature_map
 from bayesprism.ingest.waits import split_notes, split_wait_transfer
 from bayesprism.schema import (
-    ALL_COLUMNS,
     COLLECTIVE_CLASSES,
+    REQUIRED_COLUMNS,
     category_in,
     empty_attrs,
     validate_table,
 )
+
+# tqdm is imported where a progress bar is shown (start-up time of the ingest workers).
 
 HEAD_BYTES = 64 * 1024
 #: Two files of one run whose first kernels are further apart than this are different jobs.
@@ -149,13 +155,7 @@ def read_head(path: Path, size: int = HEAD_BYTES) -> bytes:
 
 def _reader_modules() -> Iterator[tuple[str, object, str]]:
     for fmt, module_name, func_name in READERS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue  # reader not written yet / not installed: the others still work
-            raise
-        yield fmt, module, func_name
+        yield fmt, importlib.import_module(module_name), func_name
 
 
 def sniff(path: Path, head: bytes | None = None) -> tuple[str, Callable] | None:
@@ -193,9 +193,6 @@ def mapped_head(head: bytes, column_map: Mapping[str, str | None]) -> bytes:
 def unrecognised_table(path: Path, head: bytes) -> str | None:
     """For a file that looks like a delimited text table: the columns found and what each
     table reader needs, to replace "not a recognised trace format"; None otherwise."""
-    from bayesprism.ingest.benchmarks import ID_COLUMNS
-    from bayesprism.schema import REQUIRED_COLUMNS
-
     if not path.name.lower().endswith(_TABLE_SUFFIXES):
         return None
     found = [c for c in header_columns(head) if c]
@@ -247,8 +244,6 @@ def _host_names_usable(files: list[Path]) -> dict[Path, bool]:
     Hand-chosen names such as ``worker3_step_12.<ms>.pt.trace.json`` fit the pattern with the
     same "pid" in every file; real process ids differ between the ranks of a job.
     """
-    from bayesprism.ingest.kineto import TRACE_HANDLER_NAME
-
     by_dir: dict[Path, list[Path]] = {}
     for f in files:
         by_dir.setdefault(f.resolve().parent, []).append(f)
@@ -578,10 +573,6 @@ def _read_in_order(tasks: list[tuple]) -> Iterator[tuple]:
     if workers <= 1:
         yield from (read_file(*t) for t in tasks)
         return
-    import multiprocessing
-    from collections import deque
-    from concurrent.futures import ProcessPoolExecutor
-
     # spawn, not fork: the caller may have imported JAX or started threads
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         pending: deque = deque()
@@ -638,121 +629,6 @@ def collective_mask(df: pd.DataFrame) -> np.ndarray:
         df["start_us"].notna().to_numpy() if "start_us" in df else False)
 
 
-def read_traces(paths, *, gpus_per_node: int | None = None, rank_to_node: dict | None = None,
-                column_map: dict | None = None, layout: Mapping | None = None,
-                progress: bool = True, engine: str = "embedded", client=None,
-                strict: bool | None = None) -> pd.DataFrame:
-    """Read trace files into one validated trace table.
-
-    Parameters
-    ----------
-    paths
-        A file, directory (searched recursively) or glob pattern, or a list of them. The
-        format of each file is recognised from its content.
-    gpus_per_node
-        GPUs per node, used to derive a node when a trace names no host.
-    rank_to_node
-        Mapping global rank → node name (overrides host names in traces).
-    column_map
-        Passed to the tabular reader: ``{column in file: schema column}``.
-    layout
-        Layout facts the files do not record, applied to every run read, e.g.
-        ``{"virtual_stages": 12}`` (keys: :data:`bayesprism.ingest.layout.LAYOUT_KEYS`;
-        checked by :func:`bayesprism.ingest.layout.check_layout`). They override what the files
-        say (noted in ``attrs["notes"]``) and are recorded with provenance ``"user"`` in
-        ``attrs["runs"][run]["layout_sources"]``.
-    progress
-        Show a progress bar over files.
-    engine
-        ``"embedded"`` (default: this process, or local worker processes as
-        ``BAYESPRISM_INGEST_WORKERS`` says) or ``"dask"``: one task per file on a Dask cluster
-        (:mod:`bayesprism.ingest.distributed`; needs ``bayesprism[dask]``), same table.
-    client
-        With ``engine="dask"``: a ``distributed.Client`` to run on; None starts a local
-        cluster with one single-threaded worker process per core for this call.
-    strict
-        Whether a file that cannot be read fails the whole read (True) or is skipped, counted
-        in ``attrs["skipped"]`` and named with its reason in ``attrs["notes"]`` (False).
-        Default: True with the embedded engine, False with Dask.
-
-    Returns
-    -------
-    pandas.DataFrame
-        The trace table (:mod:`bayesprism.schema`), with ``attrs`` holding ``runs`` (platform,
-        world size, GPUs per node, source files, ...), ``skipped`` ``{reason: count}`` and
-        ``notes``. Collective rows carry ``wait_us``/``transfer_us`` where every participant's
-        file was read (:mod:`bayesprism.ingest.waits`).
-
-    Raises
-    ------
-    TraceFormatError
-        Listing every problem in every file (one line each).
-    InputError
-        A bad ``layout`` (unknown key or value), ``engine`` or ``client``; Dask not installed.
-
-    Examples
-    --------
-    >>> table = read_traces("data/kineto/param_dlrm_8rank", progress=False)  # doctest: +SKIP
-    >>> from distributed import Client                                        # doctest: +SKIP
-    >>> with Client(n_workers=2, threads_per_worker=1) as client:             # doctest: +SKIP
-    ...     same = read_traces("data/kineto/param_dlrm_8rank", engine="dask", client=client)
-    """
-    from bayesprism.ingest.distributed import ingest_engine
-
-    files, problems = expand_paths(paths)
-    collector = IngestCollector(problems=list(problems))
-    options = reader_options(gpus_per_node, rank_to_node, column_map, check_layout(layout))
-    with ingest_engine(engine, client=client, progress=progress) as reads:
-        frames = list(iter_frames(files, options, collector, progress and reads is None,
-                                  read=reads, strict=resolve_strict(strict, reads)))
-        if reads is not None:
-            reads.add_totals(collector)
-    signatures = collector.finish()
-    raise_problems(collector, bool(frames))
-    columns = [c for c in ALL_COLUMNS if any(c in f.columns for f in frames)]
-    df = _concat(frames, columns)
-    if signatures and "signature" in df:
-        df["signature"] = apply_signatures(df["signature"], signatures)
-    coll = collective_mask(df)
-    if coll.any():
-        wait, transfer = split_collectives(df.loc[coll], collector)
-        df.loc[coll, "wait_us"] = wait
-        df.loc[coll, "transfer_us"] = transfer
-    attrs = collector.attrs
-    df = validate_table(df, source="trace table")
-    df.attrs = attrs
-    return df
-
-
 def resolve_strict(strict: bool | None, reads) -> bool:
     """``strict`` as given, else the engine's default: strict embedded, lenient on Dask."""
     return (reads is None) if strict is None else bool(strict)
-
-
-def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
-    """The files' frames as one table. Categorical columns are joined on the union of their
-    categories (codes remapped), where ``pd.concat`` turns categoricals whose categories
-    differ into strings and back: measured on the 64 dev trace files, 1.7 s of a 12 s read."""
-    from pandas.api.types import union_categoricals
-
-    parts = [_to_columns(f, columns) for f in frames]
-    unioned = {}
-    for col in columns:
-        if all(isinstance(p[col].dtype, pd.CategoricalDtype) for p in parts):
-            try:
-                unioned[col] = union_categoricals([p[col] for p in parts], ignore_order=True)
-            except TypeError:  # categories of different types: pandas' own concat below
-                continue
-    rest = [c for c in columns if c not in unioned]
-    df = pd.concat([p[rest] for p in parts], ignore_index=True)
-    for col, values in unioned.items():
-        df[col] = values
-    return df[columns]
-
-
-def _to_columns(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    out = df.reindex(columns=columns)
-    for col in columns:
-        if col not in df.columns and ALL_COLUMNS[col] in ("category",):
-            out[col] = out[col].astype(object)
-    return out

@@ -14,7 +14,7 @@ runs the embedded engine's per-file work on a Dask cluster, and nothing else cha
 * the rows come back to the client **in file order**, where
   :func:`bayesprism.ingest.dispatch.iter_frames` checks each file against the others of its
   run and the caller writes them (:func:`~bayesprism.ingest.parquet.ingest_to_parquet`) or
-  joins them (:func:`~bayesprism.ingest.dispatch.read_traces`) as the embedded engine does.
+  joins them (:func:`~bayesprism.ingest.read.read_traces`) as the embedded engine does.
 
 So the table is the embedded engine's, row for row. The statistics are the same sums added in
 another order: counts are equal, and floating-point sums equal to the last bit or two (bit for
@@ -47,6 +47,8 @@ from bayesprism.errors import InputError, Problem, TraceFormatError
 from bayesprism.ingest.dispatch import FileFacts, IngestCollector, read_file
 from bayesprism.ingest.signatures import SignatureStats
 from bayesprism.ingest.summary import SummaryAccumulator
+
+# dask and distributed are optional (`bayesprism[dask]`): imported where the engine is used.
 
 #: Ingest engines: this machine (processes per ``BAYESPRISM_INGEST_WORKERS``), or Dask.
 ENGINES: tuple[str, ...] = ("embedded", "dask")

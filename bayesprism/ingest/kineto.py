@@ -21,7 +21,7 @@ What is read, and how (DESIGN §4):
 * NCCL kernels (``ncclKernel_*``, ``ncclDevKernel_*``): class from ``args["Collective name"]``
   when present, else from the kernel name; ``bytes`` = max(``In msg nelems``,
   ``Out msg nelems``) × dtype size (the full buffer, the convention of
-  :mod:`bayesprism.collectives`); ``group_size`` from ``Group size``; ``process_group`` from
+  :mod:`bayesprism.costs.collectives`); ``group_size`` from ``Group size``; ``process_group`` from
   ``Process Group Name``; ``dtype`` from ``args["dtype"]`` or the kernel name;
 * kernels with a missing, zero or negative duration, or without a timestamp, are counted as
   skipped (reason ``"kernel with missing (NaN) duration"`` / ``"kernel with zero or negative
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +98,7 @@ DTYPES: dict[str, tuple[str, int]] = {
     "f8e5m2": ("float8_e5m2", 1),
 }
 _NCCL_NAME_DTYPE = re.compile(r"_(?:Sum|Prod|Max|Min|PreMulSum|SumPostDiv|Avg)_(\w+)$")
+_CLASS_INDEX = {c: i for i, c in enumerate(KERNEL_CLASS_DTYPE.categories)}
 
 
 def can_read(path: Path, head: bytes) -> bool:
@@ -247,66 +249,16 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
     """
     path = Path(path)
     source = str(path)
-    stream = StreamedTrace(path)
-    try:
-        scan = scan_events(stream.slices())
-        data = stream.metadata
-    except SliceLayoutError:
-        data, events = load_trace(path)
-        scan = scan_events(iter([events]))
-        del events
-    problems: list[Problem] = []
-    notes: list[str] = []
+    data, scan = _scan(path)
     run = run if run is not None else (path.resolve().parent.name or "run")
-
     info = data.distributedInfo
-    if isinstance(info, dict) and "rank" in info:
-        try:
-            rank = int(info["rank"])
-            world_size = int(info.get("world_size", world_size or rank + 1))
-        except (TypeError, ValueError):
-            problems.append(Problem(source, "distributedInfo.rank",
-                                    f"is not an integer: {info.get('rank')!r}"))
-    elif rank is None:
-        problems.append(Problem(
-            source, "distributedInfo",
-            "missing: the trace does not say its rank (record it with a distributed backend, "
-            "or pass rank= to read_kineto)"))
-    else:
-        rank, world_size = int(rank), int(world_size or 1)
-        notes.append(f"{path.name}: no distributedInfo; rank {rank} and world size "
-                     f"{world_size} taken from the options")
-
-    names, is_kernel, ts, dur = scan.names, scan.is_kernel, scan.ts, scan.dur
-    device, stream, corr = scan.device, scan.stream, scan.corr
-    coll_rows, coll_args = scan.coll_rows, scan.coll_args
-    launch_corr, launch_ts = scan.launch_corr, scan.launch_ts
-    cpu_steps, gpu_steps = scan.cpu_steps, scan.gpu_steps
-
+    rank, world_size, problems, notes = _identity(info, rank, world_size, path)
     devices_meta = data.deviceProperties
     host_meta = data.host_name or data.hostname
     job = data.mast_job_name or data.tw_job
     del data
 
-    n_kernels = sum(1 for n in names if isinstance(n, str))
-    if not names:
-        problems.append(Problem(source, "traceEvents",
-                                "no GPU kernel events (cat 'kernel', ph 'X'): nothing to read"))
-    elif n_kernels < len(names):
-        problems.append(Problem(source, "traceEvents.name", "GPU events without a kernel name",
-                                len(names) - n_kernels))
-    if not cpu_steps and not gpu_steps:
-        problems.append(Problem(source, "traceEvents",
-                                "no ProfilerStep#N annotation: kernels cannot be assigned to "
-                                "steps (profile with torch.profiler.schedule / prof.step())"))
-    if rank is not None and world_size is not None and not problems:
-        if not 1 <= world_size:
-            problems.append(Problem(source, "distributedInfo.world_size",
-                                    "must be a positive integer", example=world_size))
-        elif not 0 <= rank < world_size:
-            problems.append(Problem(source, "distributedInfo.rank",
-                                    f"must be between 0 and world_size - 1 = {world_size - 1}",
-                                    example=rank))
+    problems += _event_problems(scan, rank, world_size, source, checked=not problems)
     if rank is not None and not problems:
         node_name, node_note, node_problem = _node_of(
             path, host_meta, devices_meta, rank, node=node, gpus_per_node=gpus_per_node,
@@ -319,8 +271,132 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
     if problems:
         raise TraceFormatError(problems)
 
-    start, ts_problem = _numbers(ts, "ts", source)
-    duration, dur_problem = _numbers(dur, "dur", source)
+    start, duration, usable, skipped = _times(scan, source)
+    step = _kernel_steps(scan, start)
+    keep = _kept(usable, step, skipped, source, accept_unusable)
+    kernels = _kernel_codes(scan.names)
+    coll = _collective_details(scan, kernels)
+    dev, strm = _devices(scan)
+    # the kept rows in time order within each step (sorted before the frame is built: one
+    # gather per array rather than a reindex of every column)
+    kept = np.flatnonzero(keep)
+    rows = kept[np.lexsort((start[kept], step[kept]))]
+    df = _frame(rows, run=run, rank=rank, node=node_name, source=path.name, step=step,
+                dev=dev, strm=strm, kernels=kernels, coll=coll, start=start,
+                duration=duration)
+    groups, group_problems = collect_groups(
+        info.get("pg_config") if isinstance(info, dict) else None, coll.groups.values(),
+        source)
+    df, layout, rank_problems = annotate_rank(
+        df, groups=groups, rank=rank, world_size=world_size,
+        op_names=coll.op_name[rows], launch=launch_config(scan.grid, scan.block)[rows],
+        source=source)
+    if group_problems or rank_problems:
+        raise TraceFormatError(group_problems + rank_problems)
+    df = coerce_table(df, source)
+
+    run_meta = {
+        "format": "kineto",
+        "platform": _platform(devices_meta, dev),
+        "world_size": world_size,
+        "gpus_per_node": _gpus_per_node(gpus_per_node, devices_meta),
+        "source_files": [source],
+    }
+    if isinstance(info, dict):
+        for key in ("backend", "nccl_version"):
+            if info.get(key) is not None:
+                run_meta[key] = info[key]
+    report = {
+        "run": run,
+        "skipped": skipped,
+        "notes": notes,
+        "run_meta": run_meta,
+        "rank": rank,
+        "world_size": world_size,
+        "start_us": float(np.nanmin(start)) if np.isfinite(start).any() else None,
+        "job": job,
+        "gpu_events": len(scan.names),
+        "kernel_events": int(sum(scan.is_kernel)),
+        "layout": layout,
+    }
+    return df, report
+
+
+# --------------------------------------------------------------------------- the steps
+
+
+def _scan(path: Path):
+    """The trace's metadata and its scanned GPU events: streamed slice by slice, or read whole
+    when the file's layout does not allow slicing."""
+    stream = StreamedTrace(path)
+    try:
+        scan = scan_events(stream.slices())
+        return stream.metadata, scan
+    except SliceLayoutError:
+        data, events = load_trace(path)
+        scan = scan_events(iter([events]))
+        del events
+        return data, scan
+
+
+def _identity(info, rank: int | None, world_size: int | None, path: Path
+              ) -> tuple[int | None, int | None, list[Problem], list[str]]:
+    """This file's rank and world size: from ``distributedInfo``, else from the options."""
+    problems: list[Problem] = []
+    notes: list[str] = []
+    if isinstance(info, dict) and "rank" in info:
+        try:
+            rank = int(info["rank"])
+            world_size = int(info.get("world_size", world_size or rank + 1))
+        except (TypeError, ValueError):
+            problems.append(Problem(str(path), "distributedInfo.rank",
+                                    f"is not an integer: {info.get('rank')!r}"))
+    elif rank is None:
+        problems.append(Problem(
+            str(path), "distributedInfo",
+            "missing: the trace does not say its rank (record it with a distributed backend, "
+            "or pass rank= to read_kineto)"))
+    else:
+        rank, world_size = int(rank), int(world_size or 1)
+        notes.append(f"{path.name}: no distributedInfo; rank {rank} and world size "
+                     f"{world_size} taken from the options")
+    return rank, world_size, problems, notes
+
+
+def _event_problems(scan, rank: int | None, world_size: int | None, source: str,
+                    checked: bool) -> list[Problem]:
+    """No kernels, unnamed kernels, no ProfilerStep; a rank outside the world size (when the
+    identity had no problem: ``checked``)."""
+    problems: list[Problem] = []
+    names = scan.names
+    n_kernels = sum(1 for n in names if isinstance(n, str))
+    if not names:
+        problems.append(Problem(source, "traceEvents",
+                                "no GPU kernel events (cat 'kernel', ph 'X'): nothing to read"))
+    elif n_kernels < len(names):
+        problems.append(Problem(source, "traceEvents.name", "GPU events without a kernel name",
+                                len(names) - n_kernels))
+    if not scan.cpu_steps and not scan.gpu_steps:
+        problems.append(Problem(source, "traceEvents",
+                                "no ProfilerStep#N annotation: kernels cannot be assigned to "
+                                "steps (profile with torch.profiler.schedule / prof.step())"))
+    if rank is not None and world_size is not None and checked and not problems:
+        if not 1 <= world_size:
+            problems.append(Problem(source, "distributedInfo.world_size",
+                                    "must be a positive integer", example=world_size))
+        elif not 0 <= rank < world_size:
+            problems.append(Problem(source, "distributedInfo.rank",
+                                    f"must be between 0 and world_size - 1 = {world_size - 1}",
+                                    example=rank))
+    return problems
+
+
+def _times(scan, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
+    """Start and duration (µs) of every GPU activity, which of them are usable, and the
+    counts of the unusable ones by reason; refuses non-numbers, infinities, durations over a
+    day."""
+    start, ts_problem = _numbers(scan.ts, "ts", source)
+    duration, dur_problem = _numbers(scan.dur, "dur", source)
     problems = [p for p in (ts_problem, dur_problem) if p is not None]
     with np.errstate(invalid="ignore"):
         too_long = ~(duration <= MAX_DURATION_US) & ~np.isnan(duration)
@@ -345,28 +421,38 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
     if bad_dur.any():
         skipped[SKIP_NONPOSITIVE_DURATION] = int(bad_dur.sum())
     nan_dur |= no_ts  # not usable either way, counted once above
+    return start, duration, ~nan_dur & ~bad_dur, skipped
 
-    # Step of each kernel: CPU launch inside a CPU ProfilerStep range, else GPU range.
-    corr_arr = _as_float(corr)
-    step = np.full(len(names), -1, dtype=np.int64)
-    launched = np.zeros(len(names), dtype=bool)
-    if launch_corr:
-        l_corr = _as_float(launch_corr)
-        l_ts = _as_float(launch_ts)
+
+def _kernel_steps(scan, start: np.ndarray) -> np.ndarray:
+    """Step of each kernel: its CPU launch inside a CPU ProfilerStep range, else its start
+    inside a GPU one; -1 outside any."""
+    corr_arr = _as_float(scan.corr)
+    step = np.full(len(scan.names), -1, dtype=np.int64)
+    launched = np.zeros(len(scan.names), dtype=bool)
+    if scan.launch_corr:
+        l_corr = _as_float(scan.launch_corr)
+        l_ts = _as_float(scan.launch_ts)
         order = np.argsort(l_corr, kind="stable")
         l_corr, l_ts = l_corr[order], l_ts[order]
         pos = np.clip(np.searchsorted(l_corr, corr_arr), 0, len(l_corr) - 1)
         launched = l_corr[pos] == corr_arr
         launch_time = np.where(launched, l_ts[pos], np.nan)
-        step = _lookup_step(launch_time, *_step_ranges(cpu_steps))
-    if gpu_steps:
+        step = _lookup_step(launch_time, *_step_ranges(scan.cpu_steps))
+    if scan.gpu_steps:
         fallback = ~launched
-        step[fallback] = _lookup_step(start[fallback], *_step_ranges(gpu_steps))
-    valid = ~nan_dur & ~bad_dur
-    outside = valid & (step < 0)
+        step[fallback] = _lookup_step(start[fallback], *_step_ranges(scan.gpu_steps))
+    return step
+
+
+def _kept(usable: np.ndarray, step: np.ndarray, skipped: dict[str, int], source: str,
+          accept_unusable: bool) -> np.ndarray:
+    """The rows read: usable and inside a step (the others counted in ``skipped``); a file
+    most of whose activities are unusable is refused unless ``accept_unusable``."""
+    outside = usable & (step < 0)
     if outside.any():
         skipped[SKIP_OUTSIDE_STEP] = int(outside.sum())
-    keep = valid & (step >= 0)
+    keep = usable & (step >= 0)
     unusable = keep.size - int(keep.sum())
     if keep.size and unusable > MAX_UNUSABLE_SHARE * keep.size and not accept_unusable:
         reason, count = max(skipped.items(), key=lambda item: item[1])
@@ -375,137 +461,129 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
             f"activities cannot be used ({reason}: {count:,}): not a usable trace; "
             f"--no-strict (strict=False) accepts its {keep.size - unusable:,} usable ones",
             unusable))
+    return keep
 
-    # Kernel names: normalise and classify each distinct name once.
+
+@dataclass
+class _Kernels:
+    """Kernel names of the activities, each distinct raw name normalised and classified once."""
+
+    codes: np.ndarray  # activity -> distinct raw name
+    uniques: np.ndarray  # the distinct raw names
+    norm: np.ndarray  # their normalised names
+    names: np.ndarray  # the distinct normalised names (the table's categories)
+    code: np.ndarray  # activity -> normalised name
+    kclass: np.ndarray  # activity -> kernel class code (collectives' refined from their args)
+
+
+def _kernel_codes(names: list) -> _Kernels:
     codes, uniques = pd.factorize(pd.Series(names, dtype=object))
     norm = np.array([normalize_kernel_name(u) for u in uniques], dtype=object)
     kernel_names, norm_code = np.unique(norm, return_inverse=True)
-    kernel_code = norm_code[codes]
-    class_index = {c: i for i, c in enumerate(KERNEL_CLASS_DTYPE.categories)}
-    class_code = np.array([class_index[classify_kernel(u)] for u in uniques], dtype=np.int8)
-    kclass = class_code[codes]
+    class_code = np.array([_CLASS_INDEX[classify_kernel(u)] for u in uniques], dtype=np.int8)
+    return _Kernels(codes, uniques, norm, kernel_names, norm_code[codes], class_code[codes])
 
-    # Collective details, where the profiler recorded them.
-    n = len(names)
-    nbytes = np.full(n, np.nan)
-    group_size = np.full(n, np.nan)
-    process_group = np.full(n, None, dtype=object)
-    dtype = np.full(n, None, dtype=object)
-    op_name = np.full(n, None, dtype=object)
-    kernel_groups: dict[str, tuple] = {}
-    nccl_unique = np.array([is_nccl_kernel(u) for u in uniques], dtype=bool)
+
+@dataclass
+class _Collectives:
+    """Per activity: bytes, group size, process group, dtype and collective name (where the
+    profiler recorded them); the process groups the kernels name, with their ranks."""
+
+    nbytes: np.ndarray
+    group_size: np.ndarray
+    process_group: np.ndarray
+    dtype: np.ndarray
+    op_name: np.ndarray
+    groups: dict[str, tuple]
+
+
+def _collective_details(scan, kernels: _Kernels) -> _Collectives:
+    """Collective details of the activities; refines ``kernels.kclass`` of the NCCL kernels
+    whose args name their collective."""
+    n = len(scan.names)
+    codes = kernels.codes
+    out = _Collectives(np.full(n, np.nan), np.full(n, np.nan), np.full(n, None, dtype=object),
+                       np.full(n, None, dtype=object), np.full(n, None, dtype=object), {})
+    nccl_unique = np.array([is_nccl_kernel(u) for u in kernels.uniques], dtype=bool)
     is_nccl = nccl_unique[codes]
     if is_nccl.any():
-        dtype_unique = np.array([_dtype_from_name(u) for u in norm], dtype=object)
-        dtype[is_nccl] = dtype_unique[codes[is_nccl]]
-    if coll_rows:
-        # a step repeats the same few collectives: read each distinct set of fields once
-        rows = np.asarray(coll_rows, dtype=np.int64)
-        key_code, first = distinct_codes([
-            (a.collective, a.dtype, a.in_nelems, a.out_nelems, a.group_size, a.process_group,
-             a.process_group_ranks is not None) for a in coll_args])
-        classes, dtypes, sizes, groups_of, pgs, ops = zip(
-            *(_collective_fields(coll_args[j]) for j in first), strict=True)
+        dtype_unique = np.array([_dtype_from_name(u) for u in kernels.norm], dtype=object)
+        out.dtype[is_nccl] = dtype_unique[codes[is_nccl]]
+    if not scan.coll_rows:
+        return out
+    coll_args = scan.coll_args
+    # a step repeats the same few collectives: read each distinct set of fields once
+    rows = np.asarray(scan.coll_rows, dtype=np.int64)
+    key_code, first = distinct_codes([
+        (a.collective, a.dtype, a.in_nelems, a.out_nelems, a.group_size, a.process_group,
+         a.process_group_ranks is not None) for a in coll_args])
+    classes, dtypes, sizes, groups_of, pgs, ops = zip(
+        *(_collective_fields(coll_args[j]) for j in first), strict=True)
 
-        def per_row(values) -> np.ndarray:
-            out = np.empty(len(values), dtype=object)
-            for i, value in enumerate(values):  # one by one: a list value stays one element
-                out[i] = value
-            return out[key_code]
+    def per_row(values) -> np.ndarray:
+        one = np.empty(len(values), dtype=object)
+        for i, value in enumerate(values):  # one by one: a list value stays one element
+            one[i] = value
+        return one[key_code]
 
-        cls_code = np.array([class_index.get(c, -1) for c in classes])[key_code]
-        nccl_class = (cls_code >= 0) & is_nccl[rows]
-        kclass[rows[nccl_class]] = cls_code[nccl_class]
-        spelled = np.array([d is not None for d in dtypes])[key_code]
-        dtype[rows[spelled]] = per_row(dtypes)[spelled]
-        nbytes[rows] = np.asarray(sizes, dtype=float)[key_code]
-        group_size[rows] = np.asarray(groups_of, dtype=float)[key_code]
-        process_group[rows] = per_row(pgs)
-        op_name[rows] = per_row(ops)
-        for j in first:
-            args = coll_args[j]
-            pg = args.process_group
-            if pg is not None and str(pg) not in kernel_groups and \
-                    args.process_group_ranks is not None:
-                kernel_groups[str(pg)] = (str(pg), args.process_group_desc,
-                                          args.process_group_ranks)
+    cls_code = np.array([_CLASS_INDEX.get(c, -1) for c in classes])[key_code]
+    nccl_class = (cls_code >= 0) & is_nccl[rows]
+    kernels.kclass[rows[nccl_class]] = cls_code[nccl_class]
+    spelled = np.array([d is not None for d in dtypes])[key_code]
+    out.dtype[rows[spelled]] = per_row(dtypes)[spelled]
+    out.nbytes[rows] = np.asarray(sizes, dtype=float)[key_code]
+    out.group_size[rows] = np.asarray(groups_of, dtype=float)[key_code]
+    out.process_group[rows] = per_row(pgs)
+    out.op_name[rows] = per_row(ops)
+    for j in first:
+        args = coll_args[j]
+        pg = args.process_group
+        if pg is not None and str(pg) not in out.groups and args.process_group_ranks is not None:
+            out.groups[str(pg)] = (str(pg), args.process_group_desc, args.process_group_ranks)
+    return out
 
-    dev = _as_float(device)
+
+def _devices(scan) -> tuple[np.ndarray, np.ndarray]:
+    """Device (a missing one: the most common) and stream of every activity."""
+    dev = _as_float(scan.device)
     if np.isnan(dev).any():
         known = dev[~np.isnan(dev)]
         dev[np.isnan(dev)] = np.bincount(known.astype(np.int64)).argmax() if len(known) else 0
-    strm = _as_float(stream)
+    return dev, _as_float(scan.stream)
 
-    platform = _platform(devices_meta, dev)
-    # the kept rows in time order within each step (sorted before the frame is built: one
-    # gather per array rather than a reindex of every column)
-    kept = np.flatnonzero(keep)
-    rows = kept[np.lexsort((start[kept], step[kept]))]
+
+def _frame(rows: np.ndarray, *, run: str, rank: int, node: str, source: str, step, dev, strm,
+           kernels: _Kernels, coll: _Collectives, start, duration) -> pd.DataFrame:
+    """The trace-table rows of the activities ``rows`` (in that order)."""
     n_keep = len(rows)
 
     def constant(value: str) -> pd.Categorical:
         return pd.Categorical.from_codes(np.zeros(n_keep, dtype=np.int8), categories=[value])
 
-    kernel_rows = kernel_code[rows]
+    kernel_rows = kernels.code[rows]
     step_rows = step[rows]
-    df = pd.DataFrame({
+    return pd.DataFrame({
         "run": constant(run),
         "step": step_rows,
         "rank": rank,
-        "node": constant(node_name),
+        "node": constant(node),
         "gpu": dev[rows].astype(np.int64),
-        "kernel": pd.Categorical.from_codes(kernel_rows, categories=kernel_names),
-        "kernel_class": pd.Categorical.from_codes(kclass[rows], dtype=KERNEL_CLASS_DTYPE),
+        "kernel": pd.Categorical.from_codes(kernel_rows, categories=kernels.names),
+        "kernel_class": pd.Categorical.from_codes(kernels.kclass[rows], dtype=KERNEL_CLASS_DTYPE),
         "duration_us": duration[rows],
         "start_us": start[rows],
         "stream": pd.array(strm[rows], dtype="Int64"),
-        "bytes": nbytes[rows],
-        "dtype": pd.Categorical(dtype[rows]),
-        "group_size": group_size[rows],
-        "process_group": pd.Categorical(process_group[rows]),
+        "bytes": coll.nbytes[rows],
+        "dtype": pd.Categorical(coll.dtype[rows]),
+        "group_size": coll.group_size[rows],
+        "process_group": pd.Categorical(coll.process_group[rows]),
         "wait_us": np.nan,
         "transfer_us": np.nan,
-        "source": constant(path.name),
+        "source": constant(source),
         "occurrence": pd.arrays.IntegerArray(
-            ordinals(step_rows * len(kernel_names) + kernel_rows),
+            ordinals(step_rows * len(kernels.names) + kernel_rows),
             np.zeros(n_keep, dtype=bool)),
     })
-    groups, group_problems = collect_groups(
-        info.get("pg_config") if isinstance(info, dict) else None, kernel_groups.values(),
-        source)
-    df, layout, rank_problems = annotate_rank(
-        df, groups=groups, rank=rank, world_size=world_size,
-        op_names=op_name[rows], launch=launch_config(scan.grid, scan.block)[rows],
-        source=source)
-    if group_problems or rank_problems:
-        raise TraceFormatError(group_problems + rank_problems)
-    df = coerce_table(df, source)
-
-    run_meta = {
-        "format": "kineto",
-        "platform": platform,
-        "world_size": world_size,
-        "gpus_per_node": _gpus_per_node(gpus_per_node, devices_meta),
-        "source_files": [source],
-    }
-    if isinstance(info, dict):
-        for key in ("backend", "nccl_version"):
-            if info.get(key) is not None:
-                run_meta[key] = info[key]
-    report = {
-        "run": run,
-        "skipped": skipped,
-        "notes": notes,
-        "run_meta": run_meta,
-        "rank": rank,
-        "world_size": world_size,
-        "start_us": float(np.nanmin(start)) if np.isfinite(start).any() else None,
-        "job": job,
-        "gpu_events": n,
-        "kernel_events": int(sum(is_kernel)),
-        "layout": layout,
-    }
-    return df, report
 
 
 def _dtype_from_name(name: str) -> str | None:

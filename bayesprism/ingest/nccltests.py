@@ -38,7 +38,7 @@ separated by ``;``, ``,`` or spaces), ``dtype``, ``run`` (repeat index), ``iters
   ``group_size = gpus``, ``duration_us = transfer_us = time_us``, ``wait_us = 0``.
 * The size is nccl-tests' ``size`` column, ``max(sendBytes, recvBytes)``: the *full* buffer, i.e.
   the gathered output of an AllGather and the input of a ReduceScatter, the convention of
-  :mod:`bayesprism.collectives` (``b`` = full buffer, bus bytes = ``b·(p−1)/p``). Where
+  :mod:`bayesprism.costs.collectives` (``b`` = full buffer, bus bytes = ``b·(p−1)/p``). Where
   ``algbw_GBps`` is given it must equal ``size_bytes / time_us`` (nccl-tests' definition);
   a table whose sizes are per-rank fails that check and is refused.
 * ``step`` numbers the *sweeps*: one ``(nodes, hostnames, run)`` combination, i.e. one launch of

@@ -23,16 +23,18 @@ from bayesprism.ingest.dispatch import (
     expand_paths,
     iter_frames,
     raise_problems,
-    read_traces,
     reader_options,
     resolve_strict,
     split_collectives,
 )
 from bayesprism.ingest.distributed import ingest_engine
 from bayesprism.ingest.layout import check_layout, table_with_layout
+from bayesprism.ingest.read import read_traces
 from bayesprism.ingest.summary import SummaryAccumulator
 from bayesprism.outputs import check_output_path
-from bayesprism.schema import ALL_COLUMNS, ATTRS_KEY, REQUIRED_COLUMNS, _jsonable
+from bayesprism.schema import ALL_COLUMNS, ATTRS_KEY, REQUIRED_COLUMNS, _jsonable, read_table
+
+# pyarrow is imported inside the functions that write Parquet (start-up time of the workers).
 
 #: Columns the wait/transfer split reads from the collective rows.
 SPLIT_COLUMNS = ("run", "step", "rank", "kernel", "occurrence", "process_group", "group_size",
@@ -278,8 +280,6 @@ def _with_signatures(batch, schema, mapping: dict[str, str]):
 
 def _read_table_file(path: Path, problems: list[Problem]) -> pd.DataFrame | None:
     """One Parquet trace table (attrs restored), or None with its problem collected."""
-    from bayesprism.schema import read_table
-
     if not path.is_file():
         problems.append(Problem(str(path), "", "no such file"))
         return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bayesprism.schema import codes_and_labels
+from bayesprism.schema import COLLECTIVE_CLASSES, codes_and_labels
 
 
 class SummaryAccumulator:
@@ -48,8 +48,6 @@ class SummaryAccumulator:
             acc[0] += int(count[i])
             acc[1] += float(total[i])
         if "transfer_us" in df:
-            from bayesprism.schema import COLLECTIVE_CLASSES
-
             is_coll = np.isin(np.asarray(class_labels, dtype=object), COLLECTIVE_CLASSES)
             coll = is_coll[class_codes]
             self._collective_rows += int(coll.sum())
@@ -77,8 +75,7 @@ class SummaryAccumulator:
                 names[s_codes[known]].astype(str).tolist(), strict=True))
 
     def count_split(self, rows: int) -> None:
-        """Account for collective rows whose wait/transfer split was done after their chunk
-        was added."""
+        """Account for collective rows split into wait/transfer after their chunk was added."""
         self._split_rows += rows
 
     def merge(self, other: SummaryAccumulator) -> None:
@@ -97,8 +94,10 @@ class SummaryAccumulator:
                 acc[1] += total
 
     def rename_signatures(self, mapping: dict[str, str]) -> None:
-        """Replace place keys counted so far by their signatures
-        (:func:`bayesprism.ingest.signatures.signature_map`)."""
+        """Replace place keys counted so far by their signatures.
+
+        The mapping is :func:`bayesprism.ingest.signatures.signature_map`'s.
+        """
         self._signatures = {(c, mapping.get(s, s)) for c, s in self._signatures}
 
     def result(self, attrs: dict | None = None) -> dict:
@@ -195,6 +194,18 @@ def summarize_table(df: pd.DataFrame) -> dict:
         (``{class: {"count": n, "total_us": t}}``), ``skipped`` (``{reason: count}``),
         ``notes``, ``rank_range``, ``collective_rows``, ``collective_rows_with_wait_split``,
         ``per_run``.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from bayesprism.schema import validate_table
+    >>> df = validate_table(pd.DataFrame({
+    ...     "run": ["r"] * 4, "step": [0, 0, 1, 1], "rank": [0, 1, 0, 1], "node": ["n0"] * 4,
+    ...     "gpu": [0, 1, 0, 1], "kernel": ["gemm_a"] * 4, "kernel_class": ["gemm"] * 4,
+    ...     "duration_us": [10.0, 11.0, 10.5, 12.0]}))
+    >>> summary = summarize_table(df)
+    >>> summary["rows"], summary["ranks"], summary["steps"]
+    (4, 2, 2)
     """
     acc = SummaryAccumulator()
     acc.add(df)

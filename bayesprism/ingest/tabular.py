@@ -32,8 +32,11 @@ import numpy as np
 import pandas as pd
 
 from bayesprism.errors import Problem, TraceFormatError
+from bayesprism.ingest.classify import classify_kernel
 from bayesprism.ingest.files import read_bytes
 from bayesprism.schema import ALL_COLUMNS, ALL_NODES, ALL_RANKS, ATTRS_KEY, REQUIRED_COLUMNS
+
+# pyarrow is imported where a Parquet table is read (start-up time of the ingest workers).
 
 UNIT_TO_US = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
 TIME_COLUMNS = ("duration_us", "start_us", "wait_us", "transfer_us")
@@ -272,8 +275,6 @@ def _fill_defaults(
         table["run"] = stem
         notes.append(f"{path.name}: no run column; run = {stem!r} (the file name)")
     if "kernel_class" not in table.columns and "kernel" in table.columns:
-        from bayesprism.ingest.classify import classify_kernel
-
         table["kernel_class"] = [classify_kernel(str(k)) for k in table["kernel"]]
         notes.append(f"{path.name}: no kernel_class column; classified from kernel names")
     if "kernel_class" in table.columns and (table["kernel_class"].astype(str) == "step").all():

@@ -2,46 +2,26 @@
 
 ``prepare`` turns trace tables into the arrays a model needs (cell statistics, unit indices,
 collective cost-model cells) and refuses input that cannot be fitted with a clear
-``InputError``; ``build`` turns prepared data into a ``pymc.Model``. The step-level model lives
-in ``bayesprism.model.step`` and is imported only when asked for.
+``InputError``; ``build`` turns prepared data into a ``pymc.Model``: the kernel-level model
+(:mod:`bayesprism.model.kernel`) or the step-level one (:mod:`bayesprism.model.step`). PyMC
+itself is imported only when a graph is built (``import bayesprism.model`` stays light).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pandas as pd
 
 from bayesprism.errors import Problem, SpecError
+from bayesprism.model import step
+from bayesprism.model.kernel import build_kernel, prepare_kernel
+from bayesprism.model.prepared import PreparedData
 from bayesprism.spec import ModelSpec
 
 if TYPE_CHECKING:
     import pymc as pm
-
-
-@dataclass(frozen=True)
-class PreparedData:
-    """Everything a model builder needs, computed once from the input tables.
-
-    Attributes
-    ----------
-    coords
-        Named dims for ``pm.Model(coords=...)``.
-    data
-        Arrays that become ``pm.Data`` / constants / observed values.
-    attrs
-        JSON-able facts for ``posterior.attrs`` (populations, fitted levels, collective model).
-    summary
-        Counts for messages (rows, cells, kernels, nodes, gpus, steps, ...).
-    """
-
-    coords: dict[str, list]
-    data: dict[str, np.ndarray]
-    attrs: dict = field(default_factory=dict)
-    summary: dict = field(default_factory=dict)
 
 
 def _check_kind(spec: ModelSpec) -> None:
@@ -70,11 +50,7 @@ def prepare(tables: Sequence[pd.DataFrame] | pd.DataFrame, spec: ModelSpec) -> P
         tables = [tables]
     tables = list(tables)
     if spec.kind == "kernel":
-        from bayesprism.model.kernel import prepare_kernel
-
         return prepare_kernel(tables, spec)
-    from bayesprism.model import step
-
     return step.prepare_step(tables, spec)
 
 
@@ -82,11 +58,7 @@ def build(prepared: PreparedData, spec: ModelSpec) -> pm.Model:
     """Build the PyMC model of ``spec.kind`` from prepared data."""
     _check_kind(spec)
     if spec.kind == "kernel":
-        from bayesprism.model.kernel import build_kernel
-
         return build_kernel(prepared, spec)
-    from bayesprism.model import step
-
     return step.build_step(prepared, spec)
 
 

@@ -97,17 +97,3 @@ def aggregate_cells(
         out_codes[name] = rest % int(sizes[name])
         rest //= int(sizes[name])
     return CellStats(codes={k: out_codes[k] for k in names}, n=n, mean=mean, ss=ss)
-
-
-def gaussian_cell_loglik(n, mean, ss, mu, sigma) -> np.ndarray:
-    """Exact log likelihood of each cell's rows under N(mu, sigma), from its statistics (NumPy).
-
-    Equal to the sum of ``scipy.stats.norm.logpdf`` over the cell's rows; used in tests and by
-    numpy-side checks.
-    """
-    n = np.asarray(n, dtype=float)
-    return (
-        -0.5 * n * np.log(2.0 * np.pi)
-        - n * np.log(sigma)
-        - (np.asarray(ss) + n * (np.asarray(mean) - mu) ** 2) / (2.0 * np.asarray(sigma) ** 2)
-    )

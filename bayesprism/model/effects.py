@@ -24,6 +24,9 @@ from scipy.linalg import helmert
 from bayesprism.model.start import robust_spread, student_t_nu_start
 from bayesprism.spec import ModelSpec
 
+# PyMC and PyTensor are imported inside the functions that build graphs (start-up time:
+# importing bayesprism.model must not load them).
+
 #: The soft floor of a population scale, in units of the data's per-unit resolution.
 SCALE_FLOOR = 1.5
 #: Robust sds from the median beyond which a ``degraded`` level's unit is sampled centred.

@@ -27,7 +27,7 @@ Fitting choices (measured, see the benchmark and tests):
   ``kernel_log_median`` shifted to match (a_k = free baseline − λ_c·mean(u)), so the
   population-location uncertainty stays in a_k; nested levels (GPUs, steps, nodes within
   cabinets) are zero-sum within their group (``bayesprism.model.effects.unit_level``).
-* Collectives with ``transfer_us``: ring cost model (``bayesprism.collectives``) per
+* Collectives with ``transfer_us``: ring cost model (``bayesprism.costs.collectives``) per
   collective and tier, lognormal noise, per-step congestion integrated out like z_(g,s).
   Latency and bandwidth are sampled as each (collective, tier)'s log transfer time at a
   reference point inside its data and the logit of the latency share there, whitened by the
@@ -46,11 +46,11 @@ import numpy as np
 import pandas as pd
 from scipy.linalg import helmert
 
-from bayesprism import collectives as coll
+from bayesprism.costs import collectives as coll
 from bayesprism.errors import InputError, Problem
-from bayesprism.model import PreparedData
 from bayesprism.model.cells import aggregate_cells
 from bayesprism.model.effects import class_scales, segment_sum, soft_scale_floor, unit_level
+from bayesprism.model.prepared import PreparedData
 from bayesprism.model.rows import row_likelihood
 from bayesprism.model.start import (
     class_spread_start,
@@ -1031,7 +1031,7 @@ def _log_share_shape(logit: np.ndarray, log_latency_rel: np.ndarray,
 def small_latency_tiers(d: dict) -> np.ndarray:
     """Tiers (0 intra, 1 inter) whose ρ, the small messages' latency ratio, the cost model
     fits: those where some collective is seen at small and at large sizes
-    (``bayesprism.collectives``). In the others small and large messages share one per-step
+    (``bayesprism.costs.collectives``). In the others small and large messages share one per-step
     latency, as the data cannot tell them apart."""
     small = d.get("coll_cell_small")
     if small is None:
@@ -1261,7 +1261,7 @@ def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
     falls with the nodes spanned (nccl-tests sweeps over node counts pin γ; a trace of one
     group size leaves it to its prior, and forecasts at many more nodes carry that).
 
-    Small messages (``bayesprism.collectives.SMALL_MESSAGE_BYTES``) take their latency steps at
+    Small messages (``costs.collectives.SMALL_MESSAGE_BYTES``) take their latency steps at
     ``exp(ρ)`` times the per-step latency, ``ρ = coll_small_latency_log_ratio`` ~ N(0,
     ``small_latency_log_sd``), one per tier for all its collectives, where a collective of the
     tier is seen at both sizes (a traced tensor-parallel all-reduce of 16 KiB beside nccl-tests
@@ -1350,7 +1350,7 @@ def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
             "coll_bench_congestion", spec.prior("coll_congestion"), dims="coll_benchmarked")])
 
     log_bytes_rel = d["coll_cell_log_bytes_rel"]
-    if np.any(d["coll_cell_log_nodes_rel"] > 0):  # else the prior alone (bayesprism.workload)
+    if np.any(d["coll_cell_log_nodes_rel"] > 0):  # else the prior alone (forecast.workload)
         fabric = pm.HalfNormal("coll_fabric_exponent", spec.prior("fabric_exponent"))
         log_bytes_rel = log_bytes_rel + fabric * d["coll_cell_log_nodes_rel"]
     j = d["coll_cell_scale"]
@@ -1385,7 +1385,7 @@ def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
     # moves the bytes of all its inter-node transfers exp(δ) times slower. Only with several
     # units: with one (a lone traced job), "degraded at a higher bandwidth" fits its transfers
     # as well as "normal", and with two "which one" is a second mode; r and δ then keep their
-    # priors (bayesprism.workload).
+    # priors (bayesprism.forecast.workload).
     rate = pm.Beta("coll_degraded_rate", 1.0, spec.prior("degraded_link_beta"))
     slowdown = pm.HalfNormal("coll_degraded_log_slowdown", spec.prior("degraded_link_slowdown"))
     inter_cell = (d["coll_cell_tier"] == 1).astype(float)

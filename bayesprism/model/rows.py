@@ -11,6 +11,8 @@ import numpy as np
 
 from bayesprism.spec import ModelSpec
 
+# PyMC and PyTensor are imported inside the functions that build graphs (start-up time).
+
 
 def row_likelihood(prepared, spec: ModelSpec, a_free, beta, resid, gpustep) -> None:
     """Per-launch likelihood of the kernel model (lognormal, Student-t or mixture residual).

@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+# scipy.stats is imported where a start value needs it (start-up time).
+
 #: Smallest standard error used to scale a coordinate (log units).
 MIN_SE = 1e-6
 

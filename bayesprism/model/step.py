@@ -37,7 +37,7 @@ micro-batch count (MLPerf GPT-3 at 512 and 768 GPUs) still gets a bubble of the 
 with ``read_traces(..., layout={"virtual_stages": v})`` when the logs lack it).
 
 Exposed data-parallel communication is a ring all-reduce of the gradients
-(:mod:`bayesprism.collectives`): ``comm_latency`` per ring step (2 (p - 1) steps) plus a
+(:mod:`bayesprism.costs.collectives`): ``comm_latency`` per ring step (2 (p - 1) steps) plus a
 bandwidth term 2 (p - 1) / p times the relative gradient bytes per rank
 ``B_r = (tp * pp)_ref / (tp * pp)``, at ``comm_intra`` while the group stays in one node
 (``tp * cp * dp <= gpus_per_node``, Megatron rank order) and ``comm_inter`` once it leaves it.
@@ -137,14 +137,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from functools import lru_cache
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import special
 
-from bayesprism.errors import InputError, Problem
+from bayesprism.costs.step import (
+    LEAF_PRIOR,
+    comm_terms,
+    config_label,
+    max_normal_moments,
+    schedule_bubble_slots,
+    separability_note,
+)
+from bayesprism.errors import InputError, Problem, SpecError
 from bayesprism.inventory import run_layout
+from bayesprism.layout_prior import load_layout_prior
+from bayesprism.model.prepared import PreparedData
+
+# PyMC, PyTensor and scipy.stats are imported inside the functions that build the graph or
+# its priors (start-up time: importing bayesprism.model must not load PyMC).
 
 MIN_STEPS_PER_RUN = 3
 #: Run levels are centred when (median standard error of a run's median) / (sd of run medians
@@ -173,11 +185,6 @@ COMM_PRIORS: dict[str, tuple[float, float]] = {
     "comm_intra": (float(np.log(0.05)), 1.2),
     "comm_inter": (float(np.log(0.5)), 1.2),
 }
-#: LogNormal (mu, sigma) of ``comm_leaf``, the extra ring all-reduce cost (reference slots per
-#: unit of bandwidth factor) once the data-parallel group spans more nodes than one leaf switch
-#: holds (``nodes_per_leaf``, a fact the user states): traffic then crosses the spine, often
-#: oversubscribed; from a few % to a few times the inter-node cost (median half of it).
-LEAF_PRIOR: tuple[float, float] = (float(np.log(0.25)), 1.2)
 #: Normal (mean, sd) of ``spike_logit``, the log-odds of twice the spike rate at the reference
 #: layout's node count: 2 x rate 0.05 at the median, 0.003-0.5 within 2 sd (logs show 0-5 %
 #: of steps as spikes per run).
@@ -219,7 +226,7 @@ def resolve_layout_prior(spec) -> dict:
         the package, :mod:`bayesprism.layout_prior`), ``"builtin"`` (Gamma(2, 40) config_sd
         and :data:`SPIKE_SLOPE_PRIOR`), ``"flat"`` (flat in log config_sd and a wide slope:
         for learning the priors) or the path of a file written by
-        :func:`bayesprism.layout_prior.learn_layout_prior`.
+        :func:`bayesprism.learn_prior.learn_layout_prior`.
 
     Returns
     -------
@@ -249,8 +256,6 @@ def resolve_layout_prior(spec) -> dict:
         raise InputError(Problem("model spec", "step.layout_prior",
                                  "must be 'learned', 'builtin', 'flat' or a file path",
                                  example=value))
-    from bayesprism.layout_prior import load_layout_prior
-
     try:
         prior = load_layout_prior(None if value == "learned" else value)
     except FileNotFoundError:
@@ -278,41 +283,7 @@ def _config_sd_log_prior(layout_prior: dict, nodes: np.ndarray) -> np.ndarray:
     return stats.norm.logpdf(np.log(nodes), mean, sd)
 
 
-@lru_cache(maxsize=4096)
-def _max_normal_moments_one(n: int) -> tuple[float, float]:
-    if n <= 1:
-        return 0.0, 1.0
-    x = np.linspace(-8.0, 12.0, 40001)
-    log_density = np.log(n) + special.log_ndtr(x) * (n - 1) - 0.5 * x**2 - 0.5 * np.log(2 * np.pi)
-    density = np.exp(log_density)
-    dx = x[1] - x[0]
-    mean = float(np.sum(x * density) * dx)
-    var = float(np.sum((x - mean) ** 2 * density) * dx)
-    return mean, float(np.sqrt(var))
-
-
-def max_normal_moments(n) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and standard deviation of the maximum of ``n`` iid standard normals.
-
-    Exact up to quadrature error (< 1e-6); ``n = 1`` gives (0, 1).
-
-    Parameters
-    ----------
-    n
-        Number of ranks (scalar or array of positive integers).
-
-    Returns
-    -------
-    (mean, sd)
-        Arrays with the shape of ``n``.
-    """
-    arr = np.asarray(n, dtype=np.int64)
-    flat = arr.reshape(-1)
-    moments = np.array([_max_normal_moments_one(int(k)) for k in flat]).reshape(flat.size, 2)
-    return moments[:, 0].reshape(arr.shape), moments[:, 1].reshape(arr.shape)
-
-
-def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa: F821
+def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:
     """Step-time rows of several runs → the arrays :func:`build_step` needs.
 
     Parameters
@@ -335,9 +306,83 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
     InputError
         Non-step rows, missing run layouts, fewer than 2 runs or too few steps per run.
     """
-    from bayesprism.model import PreparedData
-
     warmup = int(_option(spec, "warmup_steps", WARMUP_STEPS))
+    rows, run_meta = _step_rows(tables)
+    runs = sorted(rows["run"].unique().tolist())
+    layouts = _run_layouts(runs, run_meta)
+    rows, counts, warm = _timed_rows(rows, runs, warmup)
+    layout_frame = pd.DataFrame([layouts[r] for r in runs], index=runs)
+    configs = _Configurations.of(layout_frame, counts, runs)
+    log_y = np.log(rows["duration_us"].to_numpy(dtype=float) * 1e-6)
+    by_run = pd.Series(log_y, index=rows["run"].to_numpy()).groupby(level=0)
+    run_median = by_run.median()
+    run_se = _run_median_se(by_run, runs)
+    parameterisation, se_ratio = _run_parameterisation(run_se, run_median, runs,
+                                                       configs.keys)
+    if str(_option(spec, "run_parameterisation", "auto")) != "auto":
+        parameterisation = str(_option(spec, "run_parameterisation", "auto"))
+    elif _option(spec, "config_effects", True):
+        # with configuration levels integrated out the centred run levels mix on both
+        # ladders (the full GPT-3 ladder, ratio 0.50: R-hat 1.006, ESS 830 in 10 s; the
+        # non-centred variant did not finish in 10 minutes)
+        parameterisation = "centred"
+    run_index = {run: i for i, run in enumerate(runs)}
+    data = {
+        "run_idx": rows["run"].map(run_index).to_numpy(dtype=np.int64),
+        "log_step_time": log_y,
+        **_layout_data(layout_frame, configs, runs),
+        **_run_level_data(run_median.reindex(runs).to_numpy(dtype=float), run_se, configs,
+                          runs),
+    }
+    per_leaf = leaf_sizes(run_meta, runs)
+    if per_leaf is not None:
+        # a stated fabric fact: nodes per leaf switch; a group spread over more nodes crosses
+        # the spine (comm_leaf, on top of the inter-node cost). The gradient group of one
+        # stage is a contiguous block of tp * cp * dp ranks
+        group_nodes = np.ceil((layout_frame["tp"] * layout_frame["cp"] * layout_frame["dp"])
+                              .to_numpy(dtype=float)
+                              / layout_frame["gpus_per_node"].to_numpy(dtype=float))
+        data["leaf_bandwidth"] = np.where(group_nodes > per_leaf, data["inter_bandwidth"], 0.0)
+    layout_prior = resolve_layout_prior(spec)
+    counts_mb = sorted({int(v) for v in layout_frame["microbatches"]})
+    summary = {
+        "rows": len(rows),
+        "runs": len(runs),
+        "skipped": {"warm-up step": warm},
+        "notes": _notes(warmup, counts_mb, layout_prior,
+                        [r for r in runs if not layouts[r]["micro_batch_size_known"]]),
+        "steps_per_run": {r: int(counts[r]) for r in runs},
+    }
+    attrs = {
+        "model_kind": "step",
+        "time_unit": "s",
+        "reference_work": configs.reference_work,
+        "reference_tp_pp": configs.reference_tp_pp,
+        "reference_config": configs.reference,
+        "run_parameterisation": parameterisation,
+        "run_se_to_spread": se_ratio,
+        # the scale terms leave curved ridges (bubble vs. exposed communication): smaller steps
+        "target_accept": float(_option(spec, "target_accept", 0.95)),
+        "mass_matrix": _mass_matrix(spec),
+        "run_population": "normal",
+        "warmup_steps": warmup,
+        "reference_nodes": float(data.pop("reference_nodes")),
+        "fitted_microbatches": json.dumps(counts_mb),
+        "layout_prior": json.dumps(layout_prior, sort_keys=True),
+        "nodes_per_leaf": json.dumps(None if per_leaf is None else
+                                     sorted({int(v) for v in per_leaf if np.isfinite(v)})),
+        "run_layouts": _layouts_json(layout_frame),
+    }
+    coords = {"config": configs.labels, "run": runs, "obs": list(range(len(rows)))}
+    return PreparedData(coords=coords, data=data, attrs=attrs, summary=summary)
+
+
+# --------------------------------------------------------------------------- preparation steps
+
+
+def _step_rows(tables: Sequence[pd.DataFrame]) -> tuple[pd.DataFrame, dict[str, dict]]:
+    """Every table's (run, step, duration) rows and the runs' metadata; tables with other than
+    step rows are refused."""
     problems: list[Problem] = []
     frames = []
     run_meta: dict[str, dict] = {}
@@ -360,8 +405,13 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
             run_meta[str(run)] = meta
     if problems:
         raise InputError(problems)
-    rows = pd.concat(frames, ignore_index=True)
-    runs = sorted(rows["run"].unique().tolist())
+    return pd.concat(frames, ignore_index=True), run_meta
+
+
+def _run_layouts(runs: list[str], run_meta: dict[str, dict]) -> dict[str, dict]:
+    """Each run's layout (:func:`bayesprism.inventory.run_layout`); a run without one is
+    refused."""
+    problems: list[Problem] = []
     layouts = {}
     for run in runs:
         if run not in run_meta:
@@ -372,13 +422,19 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
         problems.extend(run_problems)
     if problems:
         raise InputError(problems)
+    return layouts
 
+
+def _timed_rows(rows: pd.DataFrame, runs: list[str], warmup: int
+                ) -> tuple[pd.DataFrame, pd.Series, int]:
+    """The rows after each run's first ``warmup`` steps, the timed steps per run and the
+    number dropped; too few runs or steps are refused."""
     rows = rows.sort_values(["run", "step"], kind="stable")
-    position = rows.groupby("run").cumcount()
-    warm = position < warmup
+    warm = rows.groupby("run").cumcount() < warmup
     rows = rows.loc[~warm]
     counts = rows.groupby("run").size().reindex(runs, fill_value=0)
     short = counts[counts < MIN_STEPS_PER_RUN]
+    problems: list[Problem] = []
     if len(short):
         problems.append(Problem("table", "step",
                                 f"each run needs at least {MIN_STEPS_PER_RUN} timed steps after "
@@ -388,44 +444,62 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
         problems.append(Problem("table", "run", "the step model needs at least 2 runs", len(runs)))
     if problems:
         raise InputError(problems)
+    return rows, counts, int(warm.sum())
 
-    run_index = {run: i for i, run in enumerate(runs)}
-    layout_frame = pd.DataFrame([layouts[r] for r in runs], index=runs)
-    work = layout_frame["micro_batch_size"] / (layout_frame["tp"] * layout_frame["pp"]
-                                               * layout_frame["cp"])
-    config_cols = ["world_size", "dp", "tp", "pp", "cp", "microbatches", "virtual_stages",
-                   "micro_batch_size"]
-    config_keys = [tuple(row) for row in layout_frame[config_cols].itertuples(index=False)]
-    configs = sorted(set(config_keys))
-    config_labels = [config_label(dict(zip(config_cols, key, strict=True))) for key in configs]
+
+#: Layout fields that make a configuration (runs of one configuration share its level).
+CONFIG_FIELDS = ("world_size", "dp", "tp", "pp", "cp", "microbatches", "virtual_stages",
+                 "micro_batch_size")
+
+
+@dataclass(frozen=True)
+class _Configurations:
+    """The runs' configurations and the reference one (most timed steps), which anchors the
+    scale of the structure: its median is pinned by the data, which decorrelates the per-slot
+    time from the other terms."""
+
+    keys: list[tuple]  # per run
+    distinct: list[tuple]  # sorted
+    labels: list[str]  # of ``distinct``
+    reference: int  # index in ``distinct``
+    reference_runs: list[str]
+    work: pd.Series  # per run: micro_batch_size / (tp * pp * cp)
+    reference_work: float
+    reference_tp_pp: float
+
+    @classmethod
+    def of(cls, layout_frame: pd.DataFrame, counts: pd.Series, runs: list[str]
+           ) -> _Configurations:
+        work = layout_frame["micro_batch_size"] / (layout_frame["tp"] * layout_frame["pp"]
+                                                   * layout_frame["cp"])
+        keys = [tuple(row) for row in layout_frame[list(CONFIG_FIELDS)].itertuples(index=False)]
+        distinct = sorted(set(keys))
+        labels = [config_label(dict(zip(CONFIG_FIELDS, key, strict=True))) for key in distinct]
+        steps_per_config = pd.Series(counts.reindex(runs).to_numpy(), index=keys)
+        reference = steps_per_config.groupby(level=0).sum().idxmax()
+        reference_runs = [r for r, k in zip(runs, keys, strict=True) if k == reference]
+        first = reference_runs[0]
+        return cls(keys, distinct, labels, distinct.index(reference), reference_runs,
+                   work, float(work[first]),
+                   float(layout_frame.loc[first, "tp"] * layout_frame.loc[first, "pp"]))
+
+
+def _layout_data(layout_frame: pd.DataFrame, configs: _Configurations, runs: list[str]
+                 ) -> dict[str, np.ndarray]:
+    """Per run: its configuration, layout, bubble slots, all-reduce factors, relative work,
+    max-of-ranks moments and node count relative to the reference's."""
     emax, smax = max_normal_moments(layout_frame["world_size"].to_numpy())
-    log_y = np.log(rows["duration_us"].to_numpy(dtype=float) * 1e-6)
-    # The reference configuration (most timed steps) anchors the scale of the structure: its
-    # median is pinned by the data, which decorrelates the per-slot time from the other terms.
-    steps_per_config = pd.Series(counts.reindex(runs).to_numpy(), index=config_keys)
-    reference = steps_per_config.groupby(level=0).sum().idxmax()
-    reference_runs = [r for r, k in zip(runs, config_keys, strict=True) if k == reference]
-    reference_work = float(work[reference_runs[0]])
-    reference_tp_pp = float(layout_frame.loc[reference_runs[0], "tp"]
-                            * layout_frame.loc[reference_runs[0], "pp"])
-    by_run = pd.Series(log_y, index=rows["run"].to_numpy()).groupby(level=0)
-    run_median = by_run.median()
-    prior_center = float(np.median(run_median[reference_runs].to_numpy()))
-    parameterisation = str(_option(spec, "run_parameterisation", "auto"))
-    run_se = _run_median_se(by_run, runs)
-    auto, se_ratio = _run_parameterisation(run_se, run_median, runs, config_keys)
-    if parameterisation == "auto":
-        # with configuration levels integrated out the centred run levels mix on both
-        # ladders (the full GPT-3 ladder, ratio 0.50: R-hat 1.006, ESS 830 in 10 s; the
-        # non-centred variant did not finish in 10 minutes)
-        parameterisation = "centred" if _option(spec, "config_effects", True) else auto
-
-    data = {
-        "run_idx": rows["run"].map(run_index).to_numpy(dtype=np.int64),
-        "config_idx": np.array([configs.index(k) for k in config_keys], dtype=np.int64),
+    # nodes of each run (spikes: a step waits for the slowest node, so their rate grows with
+    # the node count); relative to the reference layout's, where spike_logit is anchored
+    nodes = np.maximum(np.ceil(layout_frame["world_size"].to_numpy(dtype=float)
+                               / layout_frame["gpus_per_node"].to_numpy(dtype=float)), 1.0)
+    reference_nodes = float(nodes[runs.index(configs.reference_runs[0])])
+    return {
+        "config_idx": np.array([configs.distinct.index(k) for k in configs.keys],
+                               dtype=np.int64),
         # one run of each configuration: they share the structural median
-        "config_run": np.array([config_keys.index(k) for k in configs], dtype=np.int64),
-        "log_step_time": log_y,
+        "config_run": np.array([configs.keys.index(k) for k in configs.distinct],
+                               dtype=np.int64),
         "microbatches": layout_frame["microbatches"].to_numpy(dtype=float),
         "pp": layout_frame["pp"].to_numpy(dtype=float),
         "virtual_stages": layout_frame["virtual_stages"].to_numpy(dtype=float),
@@ -435,75 +509,44 @@ def prepare_step(tables: Sequence[pd.DataFrame], spec) -> PreparedData:  # noqa:
                                                        layout_frame["virtual_stages"].to_numpy()),
         **comm_terms(layout_frame["dp"] * layout_frame["cp"], layout_frame["tp"],
                      layout_frame["pp"], layout_frame["tp"] * layout_frame["cp"]
-                     * layout_frame["dp"], layout_frame["gpus_per_node"], reference_tp_pp),
-        "log_relative_work": np.log(work.to_numpy(dtype=float) / reference_work),
+                     * layout_frame["dp"], layout_frame["gpus_per_node"],
+                     configs.reference_tp_pp),
+        "log_relative_work": np.log(configs.work.to_numpy(dtype=float) / configs.reference_work),
         "max_rank_mean": emax.astype(float),
         "max_rank_sd": smax.astype(float),
-        "prior_center": np.asarray(prior_center),
-        # each run's observed median log step time and its standard error: the sampler's
-        # coordinates for the run levels (see build_step)
-        "run_center": run_median.reindex(runs).to_numpy(dtype=float),
-        **_config_anchor(run_median.reindex(runs).to_numpy(dtype=float), run_se,
-                         [configs.index(k) for k in config_keys], len(configs)),
-        "run_scale": np.maximum(run_se, 1e-6),
-        "reference_scale": np.asarray(max(float(np.std(run_median[reference_runs].to_numpy())),
-                                          float(np.median(run_se)), 1e-4)),
-        "reference_run": np.asarray(runs.index(reference_runs[0]), dtype=np.int64),
+        "log_nodes_rel": np.log(nodes / reference_nodes),
+        "reference_nodes": np.asarray(reference_nodes),  # moved to the attrs by prepare_step
     }
-    # nodes of each run (spikes: a step waits for the slowest node, so their rate grows with
-    # the node count); relative to the reference layout's, where spike_logit is anchored
-    nodes = np.maximum(np.ceil(layout_frame["world_size"].to_numpy(dtype=float)
-                               / layout_frame["gpus_per_node"].to_numpy(dtype=float)), 1.0)
-    reference_nodes = float(nodes[runs.index(reference_runs[0])])
-    data["log_nodes_rel"] = np.log(nodes / reference_nodes)
-    # a stated fabric fact: nodes per leaf switch; a group spread over more nodes crosses the
-    # spine (comm_leaf, on top of the inter-node cost)
-    per_leaf = leaf_sizes(run_meta, runs)
-    if per_leaf is not None:
-        # the gradient group of one stage is a contiguous block of tp * cp * dp ranks
-        group_nodes = np.ceil((layout_frame["tp"] * layout_frame["cp"] * layout_frame["dp"])
-                              .to_numpy(dtype=float)
-                              / layout_frame["gpus_per_node"].to_numpy(dtype=float))
-        data["leaf_bandwidth"] = np.where(group_nodes > per_leaf, data["inter_bandwidth"], 0.0)
-    layout_prior = resolve_layout_prior(spec)
-    unknown_mbs = [r for r in runs if not layouts[r]["micro_batch_size_known"]]
+
+
+def _run_level_data(run_median: np.ndarray, run_se: np.ndarray, configs: _Configurations,
+                    runs: list[str]) -> dict[str, np.ndarray]:
+    """The sampler's coordinates of the run and configuration levels: each run's observed
+    median log step time and its standard error (see :func:`build_step`)."""
+    reference = np.array([runs.index(r) for r in configs.reference_runs])
+    return {
+        "prior_center": np.asarray(float(np.median(run_median[reference]))),
+        "run_center": run_median,
+        **_config_anchor(run_median, run_se, [configs.distinct.index(k) for k in configs.keys],
+                         len(configs.distinct)),
+        "run_scale": np.maximum(run_se, 1e-6),
+        "reference_scale": np.asarray(max(float(np.std(run_median[reference])),
+                                          float(np.median(run_se)), 1e-4)),
+        "reference_run": np.asarray(reference[0], dtype=np.int64),
+    }
+
+
+def _notes(warmup: int, counts_mb: list[int], layout_prior: dict, unknown_mbs: list[str]
+           ) -> list[str]:
+    """The fit's notes: warm-up dropped, separability, priors used, assumed micro-batch size."""
     notes = [f"dropped the first {warmup} timed step(s) of each run as warm-up"]
-    counts_mb = sorted({int(v) for v in layout_frame["microbatches"]})
     if len(counts_mb) == 1:
         notes.append(separability_note(counts_mb[0]))
     notes.append(f"layout-deviation and spike-growth priors: {layout_prior['source']}")
     if unknown_mbs:
         notes.append(f"micro-batch size unknown for {len(unknown_mbs)} run(s) "
                      f"(no global batch size): assumed 1, e.g. {unknown_mbs[0]}")
-    summary = {
-        "rows": len(rows),
-        "runs": len(runs),
-        "skipped": {"warm-up step": int(warm.sum())},
-        "notes": notes,
-        "steps_per_run": {r: int(counts[r]) for r in runs},
-    }
-    attrs = {
-        "model_kind": "step",
-        "time_unit": "s",
-        "reference_work": reference_work,
-        "reference_tp_pp": reference_tp_pp,
-        "reference_config": configs.index(reference),
-        "run_parameterisation": parameterisation,
-        "run_se_to_spread": se_ratio,
-        # the scale terms leave curved ridges (bubble vs. exposed communication): smaller steps
-        "target_accept": float(_option(spec, "target_accept", 0.95)),
-        "mass_matrix": _mass_matrix(spec),
-        "run_population": "normal",
-        "warmup_steps": warmup,
-        "reference_nodes": reference_nodes,
-        "fitted_microbatches": json.dumps(counts_mb),
-        "layout_prior": json.dumps(layout_prior, sort_keys=True),
-        "nodes_per_leaf": json.dumps(None if per_leaf is None else
-                                     sorted({int(v) for v in per_leaf if np.isfinite(v)})),
-        "run_layouts": _layouts_json(layout_frame),
-    }
-    coords = {"config": config_labels, "run": runs, "obs": list(range(len(rows)))}
-    return PreparedData(coords=coords, data=data, attrs=attrs, summary=summary)
+    return notes
 
 
 def _config_anchor(run_median: np.ndarray, run_se: np.ndarray, config_idx: list[int],
@@ -571,78 +614,13 @@ def leaf_sizes(run_meta: dict, runs: list[str]) -> np.ndarray | None:
     return np.asarray(values)
 
 
-def separability_note(microbatches: int) -> str:
-    """The note that per-micro-batch and per-step costs were not separated by the fitted runs.
-
-    Examples
-    --------
-    >>> separability_note(128)[:40]
-    'every fitted run has 128 micro-batch(es)'
-    """
-    return (f"every fitted run has {int(microbatches)} micro-batch(es) per step: the runs "
-            "cannot separate per-micro-batch from per-step cost (pipeline bubble, gradient "
-            "reduction, optimizer); a forecast at another micro-batch count carries the "
-            "priors' split of the two, not a measured one")
-
-
-def schedule_bubble_slots(pp, virtual_stages) -> np.ndarray:
-    """Idle micro-batch slots of a (interleaved) 1F1B pipeline step: (pp - 1) / v."""
-    return (np.asarray(pp, dtype=float) - 1.0) / np.asarray(virtual_stages, dtype=float)
-
-
-def config_label(layout: dict) -> str:
-    """Label of a layout: its world size, parallel sizes, micro-batches and micro-batch size."""
-    return (f"gpus{int(layout['world_size'])}-dp{int(layout['dp'])}-tp{int(layout['tp'])}"
-            f"-pp{int(layout['pp'])}-cp{int(layout['cp'])}-m{int(layout['microbatches'])}"
-            f"-v{int(layout['virtual_stages'])}-mbs{layout['micro_batch_size']:g}")
-
-
 def _layouts_json(layout_frame: pd.DataFrame) -> str:
-    import json
-
     cols = ["world_size", "gpus_per_node", "dp", "tp", "pp", "cp", "microbatches",
             "virtual_stages", "micro_batch_size"]
     table = {run: {c: (float(v) if c == "micro_batch_size" else int(v))
                    for c, v in row.items() if c in cols}
              for run, row in layout_frame[cols].iterrows()}
     return json.dumps(table, sort_keys=True)
-
-
-def comm_terms(dp_group, tp, pp, tp_cp_dp, gpus_per_node, reference_tp_pp):
-    """Ring all-reduce factors of the data-parallel gradient reduction of a layout.
-
-    Parameters
-    ----------
-    dp_group
-        Ranks in the gradient all-reduce group (``dp * cp``: context-parallel ranks hold
-        replicas of the same parameters).
-    tp, pp
-        Tensor- and pipeline-parallel sizes (gradient bytes per rank scale as 1 / (tp * pp)).
-    tp_cp_dp
-        ``tp * cp * dp``: the contiguous block of ranks the group is spread over (Megatron rank
-        order tp, cp, dp, pp), which decides whether it leaves a node.
-    gpus_per_node
-        GPUs per node.
-    reference_tp_pp
-        ``tp * pp`` of the reference configuration.
-
-    Returns
-    -------
-    dict of arrays
-        ``latency_steps`` (2 (p - 1)), ``intra_bandwidth`` and ``inter_bandwidth`` (the
-        bandwidth factor 2 (p - 1) / p times the relative gradient bytes, on the tier the group
-        uses, 0 on the other tier).
-    """
-    from bayesprism.collectives import bandwidth_factor, latency_steps, tier_of
-
-    p = np.asarray(dp_group, dtype=float)
-    relative_bytes = float(reference_tp_pp) / (np.asarray(tp, dtype=float)
-                                               * np.asarray(pp, dtype=float))
-    inter = tier_of(np.asarray(tp_cp_dp), np.asarray(gpus_per_node)).astype(float)
-    bandwidth = bandwidth_factor("allreduce", p) * relative_bytes
-    return {"latency_steps": latency_steps("allreduce", p),
-            "intra_bandwidth": bandwidth * (1.0 - inter),
-            "inter_bandwidth": bandwidth * inter}
 
 
 def mixture_logp(value, mu, sigma, slow_weight, slow_shift, slow_spread):
@@ -831,8 +809,6 @@ def build_step(prepared, spec):
     d = prepared.data
     noise_family = str(_option(spec, "noise", "mixture"))
     if noise_family not in ("mixture", "normal"):
-        from bayesprism.errors import SpecError
-
         raise SpecError(Problem("model spec", "step.noise", "must be 'mixture' or 'normal'",
                                 example=noise_family))
     config_effects = bool(_option(spec, "config_effects", True))

@@ -5,7 +5,7 @@ Two checks, NumPy only (no PyMC graph is built):
 * **cells** — per kernel class, the observed mean log duration of every cell (kernel × GPU ×
   step) against its posterior predictive distribution;
 * **step time** — the traced step time (slowest rank per step) against the composition
-  (``bayesprism.composition.compose``) of the traced plan on the traced nodes.
+  (``bayesprism.forecast.composition.compose``) of the traced plan on the traced nodes.
 
 Cell statistics are read from ``constant_data``/``observed_data`` as the kernel model writes
 them: ``cell_kernel`` (position in the ``kernel`` coordinate), ``cell_n`` (launches),
@@ -20,15 +20,16 @@ a note), which widens the predictive intervals rather than hiding the level.
 
 from __future__ import annotations
 
-import inspect
 import warnings
 
 import numpy as np
 import xarray as xr
 from scipy import stats
 
-from bayesprism.inventory import recorded_traced_plan
-from bayesprism.workload import RESID_SLOW_VARS, has_resid_slow, stretched_slow_sd
+from bayesprism.forecast.composition import compose
+from bayesprism.forecast.workload import RESID_SLOW_VARS, has_resid_slow, stretched_slow_sd
+from bayesprism.plan import Cluster
+from bayesprism.posterior import thin_draws, traced_plan
 
 SAMPLE_DIMS = ("chain", "draw")
 
@@ -285,20 +286,9 @@ def step_time_check(
         or "traced_step_time_us" not in posterior["inventory"].data_vars
     ):
         return None, ["step-time check skipped: the inventory has no traced_step_time_us"]
-    try:
-        from bayesprism.composition import compose
-        from bayesprism.plan import Cluster, ParallelPlan
-    except ImportError as exc:
-        return None, [f"step-time check skipped: composition not available ({exc})"]
     inventory = posterior["inventory"]
     try:
-        traced = recorded_traced_plan(inventory)
-        known = {f for f in inspect.signature(ParallelPlan).parameters if f != "source"}
-        # an unknown degree is recorded as null: the plan's default (1) stands in for it
-        plan = ParallelPlan.from_dict(
-            {k: v for k, v in traced.items() if k in known and v is not None},
-            source="inventory.traced_plan",
-        )
+        plan = traced_plan(posterior)
         nodes = (
             list(dict.fromkeys(inventory["rank_node"].to_numpy().astype(str)))
             if "rank_node" in inventory.data_vars
@@ -311,7 +301,7 @@ def step_time_check(
         )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            draws = compose(thinned(posterior, max_draws), plan, rng=rng, cluster=cluster)
+            draws = compose(thin_draws(posterior, max_draws), plan, rng=rng, cluster=cluster)
     except Exception as exc:  # a diagnostic must report a failed composition, not crash
         return None, [f"step-time check skipped: composing the traced plan failed ({exc})"]
     if "traced_step_span_us" in inventory.data_vars:  # first start to last end of the step
@@ -343,15 +333,3 @@ def step_time_check(
     if messages:
         notes.append("step-time check: composition warned: " + "; ".join(messages))
     return numbers, notes
-
-
-def thinned(posterior: xr.DataTree, max_draws: int) -> xr.DataTree:
-    """The fit with its posterior thinned to at most ``max_draws`` (chain × draw) draws."""
-    post = posterior["posterior"]
-    total = post.sizes["chain"] * post.sizes["draw"]
-    if total <= max_draws:
-        return posterior
-    stride = int(np.ceil(total / max_draws))
-    out = posterior.copy()
-    out["posterior"] = post.to_dataset().isel(draw=slice(None, None, stride))
-    return out

@@ -1,5 +1,5 @@
 """Held-out splits of a trace table, and joining tables (DESIGN §2.8; used by
-:mod:`bayesprism.validate`, which re-exports :func:`split_table` and :func:`concat_tables`).
+:mod:`bayesprism.checks.validate`, which re-exports :func:`split_table` and :func:`concat_tables`).
 
 ``nodes`` / ``gpus`` / ``ranks``
     Fit some nodes (GPUs ``"<node>/<gpu>"``, global ranks) and predict the held-out ones as
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+from pandas.api.types import union_categoricals
 
 from bayesprism.errors import InputError, Problem
 
@@ -201,8 +202,6 @@ def concat_tables(tables: pd.DataFrame | Sequence[pd.DataFrame]) -> pd.DataFrame
     tables = list(tables)
     if len(tables) == 1:
         return tables[0]
-    from pandas.api.types import union_categoricals
-
     columns = list(dict.fromkeys(c for t in tables for c in t.columns))
     aligned = []
     for col in columns:

@@ -490,6 +490,13 @@ def _per_threshold(value) -> dict:
     return {"": value}
 
 
+def _share_over(key: str) -> float:
+    """The share over the ideal step of a threshold key: ``"1.10"`` (a ratio) -> 0.1; older
+    sensitivity JSON keyed fractions (``"0.1"``)."""
+    x = float(key)
+    return x - 1.0 if x >= 1.0 else x
+
+
 def section_sensitivity(sensitivity: Mapping) -> str:
     """Sensitivity contributions (JSON of ``bayesprism sensitivity --json``)."""
     contributions = list(sensitivity.get("contributions", []))
@@ -510,7 +517,7 @@ def section_sensitivity(sensitivity: Mapping) -> str:
             )
         )
     slowdown_headers = [
-        f"Δ P(slowdown > {float(t):.0%})" if t else "Δ P(slowdown)" for t in thresholds
+        f"Δ P(slowdown > {_share_over(t):.0%})" if t else "Δ P(slowdown)" for t in thresholds
     ]
     return (
         "<h2 id='sensitivity'>Sensitivity: what drives the tail</h2>"

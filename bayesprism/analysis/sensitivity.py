@@ -11,35 +11,31 @@ High variance is not high impact: a class with a large CV that is overlapped wit
 or that runs on a stage with slack, moves the composed step time little. The ranking therefore
 comes from the composition, never from the kernel CVs.
 
-Statistics are computed per posterior draw (over that draw's replicates, i.e. step-to-step
-variability), then summarised across draws: the point estimate is the mean over draws of the
-per-draw value, the interval the 5%–95% quantiles across draws (parameter uncertainty).
+Statistics per posterior draw and their summaries are those of
+:mod:`bayesprism.analysis.counterfactual`.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import xarray as xr
 
-from bayesprism.draws import StepDraws
-from bayesprism.errors import InputError, Problem
+from bayesprism.analysis.counterfactual import (
+    THRESHOLDS,
+    PerDraw,
+    check_kernel_posterior,
+    compose_with_seed,
+    reduction,
+    scale_variable,
+    slowdown_ratios,
+    summary,
+    zero_reduction,
+)
+from bayesprism.posterior import LEVEL_SCALES, posterior_group, thin_draws, with_posterior_group
 
-#: Slowdown thresholds reported by default: P(step time > (1 + x) × ideal step time).
-THRESHOLDS: tuple[float, ...] = (0.05, 0.10)
-
-#: Level name used in results -> posterior variable holding its per-class loading.
-LEVEL_SCALES: dict[str, str] = {
-    "node": "node_scale",
-    "gpu": "gpu_scale",
-    "step": "step_scale",
-    "gpustep": "gpustep_scale",
-    "residual": "resid_scale",
-    "cabinet": "cabinet_scale",
-}
 #: Slow component of a ``mixture`` residual (docs/artifacts.md) in log-scale units: scaled
 #: together with ``resid_scale`` (``resid_slow_extra`` is the sampled form of the slow sd).
 RESID_SLOW_SCALED: tuple[str, ...] = ("resid_slow_shift", "resid_slow_sd", "resid_slow_extra")
@@ -50,7 +46,7 @@ RESID_SLOW_WEIGHT = "resid_slow_weight"
 COLLECTIVE_SPREAD: tuple[str, ...] = ("coll_noise", "coll_congestion")
 #: The host-idle source (factor, level): each rank's GPU idle time before a synchronisation
 #: (host work, launch gaps), learned from the inventory's ``traced_idle_us``
-#: (``bayesprism.workload.fit_idle_law``); often the largest part of a host-bound step.
+#: (``bayesprism.forecast.workload.fit_idle_law``); often the largest part of a host-bound step.
 HOST_IDLE = ("host", "idle")
 #: The degraded-link source (factor, level) and its variable: the chance per node that an
 #: allocation's inter-node link is degraded (halved: half the rate; removed: never).
@@ -59,181 +55,6 @@ DEGRADED_LINK_RATE = "coll_degraded_rate"
 #: Multiplier that "removes" a loading: exactly 0 (the composition draws every source of
 #: randomness from its own stream whatever the parameter values, so common random numbers hold).
 REMOVED = 0.0
-
-
-# --------------------------------------------------------------------------- posterior editing
-
-
-def posterior_group(posterior: xr.DataTree) -> xr.Dataset:
-    """The ``posterior`` group of a fit as a Dataset (raises ``InputError`` when it is missing)."""
-    if not isinstance(posterior, xr.DataTree) or "posterior" not in posterior.children:
-        raise InputError(
-            Problem("posterior", "posterior", "not a fitted posterior (no 'posterior' group)")
-        )
-    return posterior["posterior"].to_dataset()
-
-
-def with_posterior_group(posterior: xr.DataTree, group: xr.Dataset) -> xr.DataTree:
-    """A copy of ``posterior`` whose ``posterior`` group is ``group`` (other groups shared)."""
-    tree = posterior.copy()
-    tree["posterior"] = group
-    return tree
-
-
-def thin_draws(posterior: xr.DataTree, draws: int | None) -> xr.DataTree:
-    """Keep ``draws`` evenly spaced posterior draws (chain-major order), as one chain.
-
-    Deterministic (no randomness), so a base forecast and its counterfactuals see the same draws.
-    Every group with both ``chain`` and ``draw`` dims is thinned the same way.
-    """
-    group = posterior_group(posterior)
-    total = int(group.sizes["chain"] * group.sizes["draw"])
-    if draws is not None and draws < 1:
-        raise InputError(Problem("arguments", "draws", "must be at least 1", example=draws))
-    if draws is None or draws >= total:
-        keep = np.arange(total)
-    else:
-        keep = np.unique(np.linspace(0, total - 1, draws).round().astype(int))
-    tree = posterior.copy()
-    for name, child in posterior.children.items():
-        ds = child.to_dataset()
-        if "chain" not in ds.dims or "draw" not in ds.dims:
-            continue
-        flat = ds.stack(sample=("chain", "draw")).isel(sample=keep)
-        flat = flat.drop_vars(["sample", "chain", "draw"]).rename({"sample": "draw"})
-        flat = flat.expand_dims(chain=[0]).assign_coords(draw=np.arange(keep.size))
-        tree[name] = flat.transpose("chain", "draw", ...).assign_attrs(ds.attrs)
-    return tree
-
-
-def scale_variable(
-    group: xr.Dataset, name: str, factor: float, **selection: str | Sequence[str]
-) -> xr.Dataset:
-    """A copy of ``group`` with ``group[name]`` times ``factor`` where ``selection`` holds."""
-    out = group.copy()
-    var = out[name]
-    if not selection:
-        out[name] = var * factor
-        return out
-    mask = xr.ones_like(var, dtype=bool)
-    for dim, labels in selection.items():
-        labels = [labels] if isinstance(labels, str) else list(labels)
-        mask = mask & var[dim].isin(labels)
-    out[name] = xr.where(mask, var * factor, var).assign_attrs(var.attrs)
-    return out
-
-
-def shift_variable(group: xr.Dataset, name: str, shift: float, mask: xr.DataArray) -> xr.Dataset:
-    """A copy of ``group`` with ``shift`` added to ``group[name]`` where ``mask`` is true."""
-    out = group.copy()
-    var = out[name]
-    out[name] = (var + shift * mask).assign_attrs(var.attrs)
-    return out
-
-
-# --------------------------------------------------------------------------- composing
-
-
-def compose_with_seed(
-    posterior: xr.DataTree,
-    plan,
-    *,
-    replicates: int,
-    random_seed: int,
-    cluster=None,
-    exact: bool | None = None,
-    arrays=None,
-) -> StepDraws:
-    """Compose ``plan`` with a fresh generator seeded by ``random_seed`` (common random numbers);
-    ``arrays``: the posterior's ``bayesprism.workload.posterior_arrays``, when the caller
-    composes it many times.
-
-    Counterfactual analyses compose the same plan dozens of times: the warnings of each
-    composition are re-issued from this one place, so the default warnings filter shows each
-    distinct message once rather than once per composition.
-    """
-    from bayesprism.composition import compose
-
-    rng = np.random.default_rng(random_seed)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        steps = compose(posterior, plan, replicates=replicates, rng=rng, cluster=cluster,
-                        exact=exact, arrays=arrays)
-    for warning in caught:
-        # from one place, so the warnings filter's registry passes each message on once
-        warnings.warn(warning.message, warning.category, stacklevel=2)
-    return steps
-
-
-@dataclass(frozen=True)
-class PerDraw:
-    """Per-posterior-draw statistics of step time over that draw's replicates (arrays ``(draw,)``).
-
-    ``slowdown_p`` has shape ``(draw, threshold)``: the fraction of replicates slower than
-    ``(1 + threshold) × ideal_step_time_s``.
-    """
-
-    mean_s: np.ndarray
-    p50_s: np.ndarray
-    p95_s: np.ndarray
-    slowdown_p: np.ndarray
-    ideal_step_time_s: float
-
-    @classmethod
-    def of(cls, step: StepDraws, thresholds: Sequence[float] = THRESHOLDS) -> PerDraw:
-        times = np.asarray(step.step_time_s, dtype=float)
-        limits = (1.0 + np.asarray(thresholds, dtype=float)) * step.ideal_step_time_s
-        return cls(
-            mean_s=times.mean(axis=1),
-            p50_s=np.quantile(times, 0.5, axis=1),
-            p95_s=np.quantile(times, 0.95, axis=1),
-            slowdown_p=(times[:, :, None] > limits[None, None, :]).mean(axis=1),
-            ideal_step_time_s=float(step.ideal_step_time_s),
-        )
-
-
-def estimate(values: np.ndarray) -> tuple[float, list[float]]:
-    """Mean across draws and the 90% interval (5% and 95% quantiles) across draws."""
-    values = np.asarray(values, dtype=float)
-    lo, hi = np.quantile(values, [0.05, 0.95])
-    return float(values.mean()), [float(lo), float(hi)]
-
-
-def threshold_key(threshold: float) -> str:
-    """JSON key of a slowdown threshold: ``0.05 -> "0.05"``, ``0.1 -> "0.1"``."""
-    return f"{threshold:g}"
-
-
-def summary(stats: PerDraw, thresholds: Sequence[float] = THRESHOLDS) -> dict:
-    """Point estimates and 90% intervals of one forecast's mean, p50, p95 and P(slowdown)."""
-    out: dict = {"ideal_step_time_s": stats.ideal_step_time_s}
-    for key in ("mean_s", "p50_s", "p95_s"):
-        out[key], out[f"{key[:-2]}_ci90"] = estimate(getattr(stats, key))
-    out["slowdown_p"], out["slowdown_p_ci90"] = {}, {}
-    for j, x in enumerate(thresholds):
-        k = threshold_key(x)
-        out["slowdown_p"][k], out["slowdown_p_ci90"][k] = estimate(stats.slowdown_p[:, j])
-    return out
-
-
-def reduction(base: PerDraw, other: PerDraw, thresholds: Sequence[float] = THRESHOLDS) -> dict:
-    """How much ``other`` lowers base's p95, mean and P(slowdown): ``base − other`` per draw."""
-    out: dict = {}
-    out["p95_delta_s"], out["p95_delta_ci90"] = estimate(base.p95_s - other.p95_s)
-    out["mean_delta_s"], out["mean_delta_ci90"] = estimate(base.mean_s - other.mean_s)
-    out["slowdown_p_delta"], out["slowdown_p_delta_ci90"] = {}, {}
-    for j, x in enumerate(thresholds):
-        k = threshold_key(x)
-        diff = base.slowdown_p[:, j] - other.slowdown_p[:, j]
-        out["slowdown_p_delta"][k], out["slowdown_p_delta_ci90"][k] = estimate(diff)
-    return out
-
-
-def zero_reduction(n_draws: int, thresholds: Sequence[float] = THRESHOLDS) -> dict:
-    """The reduction of a source that has no spread in any draw (exactly zero, not composed)."""
-    zeros = np.zeros(n_draws)
-    stats = PerDraw(zeros, zeros, zeros, np.zeros((n_draws, len(thresholds))), 0.0)
-    return reduction(stats, stats, thresholds)
 
 
 # --------------------------------------------------------------------------- sensitivity
@@ -266,6 +87,10 @@ class Source:
         return group
 
     def has_spread(self, group: xr.Dataset) -> bool:
+        """Whether any of the source's variables is non-zero in ``group``.
+
+        Otherwise removing the source changes nothing, and it is not composed.
+        """
         for name in self.variables:
             var = group[name]
             if self.labels is not None:
@@ -322,8 +147,10 @@ def idle_has_spread(posterior: xr.DataTree) -> bool:
 
 
 def with_idle_scaled(posterior: xr.DataTree, multiplier: float) -> xr.DataTree:
-    """A copy of ``posterior`` whose traced host idle deviates from each synchronisation's mean
-    ``multiplier`` times as much (0: every rank idles the mean; 0.5: half the spread).
+    """A copy of ``posterior`` with the traced host idle's spread times ``multiplier``.
+
+    Each rank's idle deviates from its synchronisation's mean ``multiplier`` times as much
+    (0: every rank idles the mean; 0.5: half the spread).
 
     The idle law is fitted from these values (gamma with their mean and variance), so its mean
     is kept and its sd scales by ``multiplier``: removing the source keeps the host work and
@@ -350,23 +177,9 @@ def with_idle_scaled(posterior: xr.DataTree, multiplier: float) -> xr.DataTree:
 def _progress(items: Iterable, enabled: bool, desc: str) -> Iterable:
     if not enabled:
         return items
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # deferred: only with a progress bar (import time)
 
     return tqdm(list(items), desc=desc, leave=False)
-
-
-def check_kernel_posterior(posterior: xr.DataTree, what: str) -> None:
-    """Refuse a posterior this analysis cannot edit (step-level fits have no per-class loadings)."""
-    kind = posterior.attrs.get("model_kind", "kernel")
-    if kind != "kernel":
-        raise InputError(
-            Problem(
-                "posterior",
-                "model_kind",
-                f"{what} needs a kernel-level posterior (per-class loadings)",
-                example=kind,
-            )
-        )
 
 
 def sensitivity(
@@ -414,7 +227,8 @@ def sensitivity(
     cluster
         Optional ``bayesprism.plan.Cluster`` passed to the composition.
     thresholds
-        Slowdown thresholds x of P(step time > (1 + x) × ideal step time).
+        Slowdown ratios x of P(step time > x × ideal step time) (1.05: 5 % over; the
+        fraction spelling 0.05 of earlier releases still works, with a ``FutureWarning``).
     progress
         Show a progress bar over the counterfactual compositions.
 
@@ -428,14 +242,23 @@ def sensitivity(
         ``factor``, ``level``, ``p95_delta_s`` (p95 with the source − p95 without it: the
         seconds of tail it causes, > 0 when it lengthens the tail), ``p95_delta_ci90``,
         ``mean_delta_s``, ``mean_delta_ci90``, ``slowdown_p_delta`` and
-        ``slowdown_p_delta_ci90`` (dicts keyed by threshold, e.g. ``"0.05"``: base probability
+        ``slowdown_p_delta_ci90`` (dicts keyed by threshold, e.g. ``"1.05"``: base probability
         − probability without the source), ``p95_share_of_excess`` (``p95_delta_s`` divided by
         the base p95 minus the ideal step time), ``composed`` (false when the source has no
         spread in any draw, so every delta is exactly 0 without composing), and ``halved``: the
         same ``*_delta*`` keys for the loading halved instead of removed.
         Also ``thresholds``, ``draws``, ``replicates``, ``random_seed``.
+
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> posterior = bp.load("posterior.nc")  # doctest: +SKIP
+    >>> result = sensitivity(posterior, bp.ParallelPlan(dp=512))  # doctest: +SKIP
+    >>> [(c["factor"], c["level"]) for c in result["contributions"][:2]]  # doctest: +SKIP
+    [('gemm', 'gpustep'), ('all', 'node')]
     """
     check_kernel_posterior(posterior, "sensitivity")
+    thresholds = slowdown_ratios(thresholds)
     thinned = thin_draws(posterior, draws)
     group = posterior_group(thinned)
 
@@ -480,6 +303,3 @@ def sensitivity(
         "random_seed": int(random_seed),
     }
 
-
-#: Signature of a function editing a posterior group (used by what-if and placement).
-GroupEdit = Callable[[xr.Dataset], xr.Dataset]

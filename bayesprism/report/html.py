@@ -20,12 +20,15 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from bayesprism.inventory import recorded_traced_plan
-from bayesprism.report_sections import (
+from bayesprism._version import __version__
+from bayesprism.checks.diagnostics import diagnose, worst_draws
+from bayesprism.forecast.forecasting import summarize_forecast
+from bayesprism.outputs import write_text_atomic
+from bayesprism.posterior import recorded_traced_plan
+from bayesprism.report import plots
+from bayesprism.report.sections import (
     CSS,
     esc,
-    fmt_p,
-    fmt_s,
     section_answer,
     section_data,
     section_diagnostics,
@@ -36,7 +39,7 @@ from bayesprism.report_sections import (
     section_variance,
 )
 
-__all__ = ["data_summary", "fmt_p", "fmt_s", "forecast_summary", "write_report"]
+__all__ = ["data_summary", "write_report"]
 
 # ------------------------------------------------------------------------------- values used
 def data_summary(posterior: xr.DataTree) -> dict:
@@ -101,19 +104,9 @@ def data_summary(posterior: xr.DataTree) -> dict:
     return out
 
 
-def forecast_summary(forecast: xr.DataTree) -> dict:
-    """The forecast's plain-number summary (:func:`bayesprism.forecast.summarize_forecast`)."""
-    from bayesprism.forecast import summarize_forecast
-
-    return summarize_forecast(forecast)
-
-
 # ---------------------------------------------------------------------------------- the report
 def _figures(posterior, diagnosis, summary, workdir: Path) -> dict[str, Path]:
     """Draw every figure the report shows into ``workdir``."""
-    from bayesprism import plots
-    from bayesprism.diagnostics import worst_draws
-
     out: dict[str, Path] = {}
     jobs: list[tuple[str, Callable[[], Path]]] = []
     if len(diagnosis.convergence):
@@ -199,16 +192,23 @@ def write_report(
     -------
     pathlib.Path
         The written file.
+
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> posterior = bp.load("posterior.nc")  # doctest: +SKIP
+    >>> plans = [bp.ParallelPlan(dp=8), bp.ParallelPlan(dp=512)]
+    >>> forecast = bp.forecast(posterior, plans)  # doctest: +SKIP
+    >>> write_report(posterior, "report.html", forecast=forecast)  # doctest: +SKIP
+    PosixPath('report.html')
     """
     if diagnosis is None:
-        from bayesprism.diagnostics import diagnose
-
         diagnosis = diagnose(posterior)
     summary = None
     if forecast is not None:
         # a DataTree is itself a Mapping: test for it first
         summary = (
-            forecast_summary(forecast)
+            summarize_forecast(forecast)
             if isinstance(forecast, (xr.DataTree, xr.Dataset))
             else dict(forecast)
         )
@@ -245,16 +245,8 @@ def write_report(
         "<title>bayesprism report</title>"
         f"<style>{CSS}</style></head><body>"
         f"<h1>bayesprism report</h1><p class='note'>Written {stamp} by bayesprism "
-        f"{esc(_version())}.</p>" + "\n".join(sections) + "</body></html>\n"
+        f"{esc(__version__)}.</p>" + "\n".join(sections) + "</body></html>\n"
     )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    from bayesprism.outputs import write_text_atomic
-
     return write_text_atomic(path, document)
-
-
-def _version() -> str:
-    from bayesprism import __version__
-
-    return __version__

@@ -22,25 +22,13 @@ NumPy/SciPy only: no graph is ever compiled here.
 from __future__ import annotations
 
 import numpy as np
-import xarray as xr
 from scipy import special
+
+from bayesprism.posterior import draw_count, flat_draws, posterior_dataset
 
 POPULATION_FAMILIES: tuple[str, ...] = ("normal", "student_t", "mixture", "degraded")
 #: Families of two normal components: a core N(0, 1) and a slow one N(shift, slow_sd).
 TWO_COMPONENT: tuple[str, ...] = ("mixture", "degraded")
-
-
-def _posterior_dataset(posterior) -> xr.Dataset:
-    """The ``posterior`` group as a Dataset, from a Dataset or a DataTree holding it."""
-    if isinstance(posterior, xr.Dataset):
-        return posterior
-    if isinstance(posterior, xr.DataTree):
-        if "posterior" in posterior.children:
-            ds = posterior["posterior"].to_dataset()
-            # The family may be stored on the group or on the root: look at both.
-            return ds.assign_attrs({**dict(posterior.attrs), **dict(ds.attrs)})
-        return posterior.to_dataset()
-    raise TypeError(f"expected an xarray Dataset or DataTree, got {type(posterior).__name__}")
 
 
 def population_family(posterior, level: str) -> str:
@@ -53,7 +41,7 @@ def population_family(posterior, level: str) -> str:
     ValueError
         If the family is not one of :data:`POPULATION_FAMILIES`.
     """
-    ds = _posterior_dataset(posterior)
+    ds = posterior_dataset(posterior)
     key = f"{level}_population"
     if key not in ds.attrs:
         raise KeyError(f"posterior has no attribute {key!r}: level {level!r} was not fitted")
@@ -63,30 +51,19 @@ def population_family(posterior, level: str) -> str:
     return family
 
 
-def _flat(ds: xr.Dataset, name: str) -> np.ndarray:
-    """A scalar posterior variable flattened over (chain, draw) in chain-major order."""
-    if name not in ds:
-        raise KeyError(f"posterior has no variable {name!r}")
-    return ds[name].transpose("chain", "draw").to_numpy().reshape(-1).astype(float)
-
-
-def _n_draws(ds: xr.Dataset) -> int:
-    return int(ds.sizes["chain"] * ds.sizes["draw"])
-
-
 def population_parameters(posterior, level: str) -> dict[str, np.ndarray | str]:
     """Family and per-draw parameters of a level's population (arrays of shape (chain*draw,))."""
-    ds = _posterior_dataset(posterior)
+    ds = posterior_dataset(posterior)
     family = population_family(ds, level)
     params: dict[str, np.ndarray | str] = {"family": family}
     if family == "student_t":
-        params["nu"] = _flat(ds, f"{level}_nu")
+        params["nu"] = flat_draws(ds[f"{level}_nu"])
     elif family in TWO_COMPONENT:
-        params["weight"] = _flat(ds, f"{level}_slow_weight")
-        params["shift"] = _flat(ds, f"{level}_slow_shift")
-        params["slow_sd"] = (_flat(ds, f"{level}_slow_sd") if family == "degraded"
+        params["weight"] = flat_draws(ds[f"{level}_slow_weight"])
+        params["shift"] = flat_draws(ds[f"{level}_slow_shift"])
+        params["slow_sd"] = (flat_draws(ds[f"{level}_slow_sd"]) if family == "degraded"
                              else np.ones_like(params["shift"]))
-    params["n_draws"] = np.asarray(_n_draws(ds))
+    params["n_draws"] = np.asarray(draw_count(ds))
     return params
 
 
@@ -123,31 +100,8 @@ def draw_effects(posterior, level: str, n_units: int, rng: np.random.Generator) 
     return rng.standard_normal((n, n_units)) * spread + slow * p["shift"][:, None]
 
 
-def population_sf(posterior, level: str, x) -> np.ndarray:
-    """Survival function P(z > x) of the population in every posterior draw.
-
-    Returns an array of shape ``(chain*draw,) + np.shape(x)``.
-    """
-    p = population_parameters(posterior, level)
-    return _sf(p, np.asarray(x, dtype=float))
-
-
-def population_cdf(posterior, level: str, x) -> np.ndarray:
-    """CDF P(z <= x) of the population per posterior draw, shape ``(chain*draw,) + x.shape``."""
-    return 1.0 - population_sf(posterior, level, x)
-
-
 def _expand(param: np.ndarray, x: np.ndarray) -> np.ndarray:
     return param.reshape((-1,) + (1,) * x.ndim)
-
-
-def _sf(p: dict, x: np.ndarray) -> np.ndarray:
-    n = int(p["n_draws"])
-    if p["family"] == "normal":
-        return np.broadcast_to(special.ndtr(-x), (n, *x.shape)).copy()
-    if p["family"] == "student_t":
-        return special.stdtr(_expand(p["nu"], x), -x)
-    return mixture_sf(*(_expand(p[k], x) for k in ("weight", "shift", "slow_sd")), x)
 
 
 def episode_effect(shift, sd, z) -> np.ndarray:
@@ -221,40 +175,4 @@ def population_quantile(posterior, level: str, q) -> np.ndarray:
     p = population_parameters(posterior, level)
     n = int(p["n_draws"])
     tail = np.broadcast_to(1.0 - q, (n, *q.shape))
-    return _isf(p, tail)
-
-
-def max_quantile(posterior, level: str, n_units: int, q) -> np.ndarray:
-    """Quantile ``q`` of the maximum of ``n_units`` independent new units, per posterior draw.
-
-    P(max <= x) = F(x)^N, so the q-quantile of the maximum is the population's
-    (1 − q^(1/N))-upper quantile; computed with ``expm1`` so N = 10^5 keeps full precision.
-    Shape ``(chain*draw,) + np.shape(q)``.
-    """
-    if n_units < 1:
-        raise ValueError(f"n_units must be >= 1, got {n_units}")
-    q = np.asarray(q, dtype=float)
-    if np.any((q <= 0) | (q >= 1)):
-        raise ValueError("quantile levels must lie strictly between 0 and 1")
-    p = population_parameters(posterior, level)
-    n = int(p["n_draws"])
-    tail = -np.expm1(np.log(q) / n_units)
-    return _isf(p, np.broadcast_to(tail, (n, *q.shape)))
-
-
-def draw_max_effects(
-    posterior, level: str, n_units: int, rng: np.random.Generator, size: int = 1
-) -> np.ndarray:
-    """Draws of the maximum standardised effect over ``n_units`` new units, without drawing them.
-
-    Inverse-CDF sampling of the maximum (cost independent of ``n_units``): shape
-    ``(chain*draw, size)``. Equal in distribution to ``draw_effects(...).max(axis=1)``.
-    """
-    if n_units < 1:
-        raise ValueError(f"n_units must be >= 1, got {n_units}")
-    p = population_parameters(posterior, level)
-    n = int(p["n_draws"])
-    u = rng.random((n, size))
-    # max <= x with prob F(x)^N = u  <=>  upper tail of x is 1 - u^(1/N)
-    tail = np.clip(-np.expm1(np.log(u) / n_units), 1e-300, 1.0 - 1e-16)
     return _isf(p, tail)

@@ -1,15 +1,16 @@
 """Held-out validation: split a trace table, predict the held-out part, score it (DESIGN §2.8).
 
 Splits (``nodes``, ``gpus``, ``ranks``, ``steps``, ``scale``): :func:`split_table`, defined in
-:mod:`bayesprism.splits` and re-exported here.
+:mod:`bayesprism.checks.splits` and re-exported here.
 
 Predictions (:func:`predict_heldout`): for kernel-level posteriors every held-out row (one
 kernel launch, or one benchmark run on one GPU) is simulated in its own context
-(:func:`bayesprism.row_predictive.predict_rows`, re-exported here). For step-level
-posteriors the step time of every held-out layout is forecast with ``bayesprism.forecast`` at
-the logged layout of the run.
-Scores are those of :mod:`bayesprism.metrics`; baselines are in :mod:`bayesprism.baselines`;
-the splits and table concatenation live in :mod:`bayesprism.splits` (re-exported here).
+(:func:`bayesprism.checks.row_predictive.predict_rows`, re-exported here). For step-level
+posteriors the step time of every held-out layout is forecast with
+``bayesprism.forecast.forecasting`` at the logged layout of the run.
+Scores are those of :mod:`bayesprism.checks.metrics`; baselines are in
+:mod:`bayesprism.checks.baselines`; the splits and table concatenation live in
+:mod:`bayesprism.checks.splits` (re-exported here).
 """
 
 from __future__ import annotations
@@ -22,26 +23,29 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from bayesprism import metrics
-from bayesprism.baselines import (
+from bayesprism.checks import metrics
+from bayesprism.checks.baselines import (
     BASELINES,
     degenerate_posterior,
     run_layouts,
     step_baseline_draws,
     timed_steps,
 )
-from bayesprism.collectives import launch_work_us
+from bayesprism.checks.row_predictive import predict_rows
+from bayesprism.checks.splits import concat_tables, split_table
+from bayesprism.costs.collectives import launch_work_us
 from bayesprism.errors import InputError, Problem
-from bayesprism.inventory import is_step_table, recorded_traced_plan
+from bayesprism.forecast.forecasting import forecast
+from bayesprism.inference import fit
+from bayesprism.inventory import is_step_table
 from bayesprism.model.rows import timer_resolution
-from bayesprism.row_predictive import predict_rows
-from bayesprism.splits import SPLITS, concat_tables, split_table
+from bayesprism.plan import plan_from_run
+from bayesprism.posterior import traced_plan
 
 __all__ = [
-    "METHODS", "SPLITS", "HeldoutPrediction", "concat_tables", "fit_bayesprism",
-    "plot_pit_histogram", "predict_heldout", "predict_rank_step_times", "predict_rows",
-    "predict_step_layouts", "predicted_slowest", "rank_step_times", "resampled_slowest",
-    "split_table", "validate",
+    "METHODS", "HeldoutPrediction", "fit_bayesprism", "predict_heldout",
+    "predict_rank_step_times", "predict_step_layouts", "predicted_slowest", "rank_step_times",
+    "resampled_slowest", "validate",
 ]
 
 METHODS: tuple[str, ...] = ("bayesprism", *BASELINES)
@@ -59,7 +63,7 @@ class HeldoutPrediction:
     shape ``(n_draws, n_rows)`` (column j predicts row j); for step tables one pair per held-out
     layout with 1-D draws. ``skipped`` counts observations that could not be scored, by reason;
     ``on_transfer`` those scored on their transfer part (collective launches whose waiting for
-    peers was split off at ingest, :func:`bayesprism.collectives.launch_work_us`).
+    peers was split off at ingest, :func:`bayesprism.costs.collectives.launch_work_us`).
     """
 
     groups: list[tuple[np.ndarray, np.ndarray]]
@@ -69,10 +73,11 @@ class HeldoutPrediction:
 
     @property
     def n_observed(self) -> int:
+        """Held-out observations scored."""
         return int(sum(np.size(obs) for _, obs in self.groups))
 
     def scores(self, rng: np.random.Generator) -> dict[str, float]:
-        """Metrics of :mod:`bayesprism.metrics` over all groups."""
+        """Metrics of :mod:`bayesprism.checks.metrics` over all groups."""
         if len(self.groups) == 1:
             return metrics.score(*self.groups[0])
         return metrics.score_groups(self.groups, rng)
@@ -113,9 +118,6 @@ def predict_step_layouts(
     keys = sorted(by_layout)
     groups = []
     if method == "bayesprism":
-        from bayesprism.forecast import forecast
-        from bayesprism.plan import plan_from_run
-
         plans = [plan_from_run(metas.get(by_layout[k][0], {}), run=by_layout[k][0])
                  for k in keys]
         fc = forecast(posterior, plans, draws=draws, random_seed=seed, progress=False)
@@ -172,28 +174,17 @@ def rank_step_times(table: pd.DataFrame, others: pd.DataFrame | None = None) -> 
     return (last_end.to_numpy(dtype=float) - start) / 1e6
 
 
-def traced_plan(posterior: xr.DataTree):
-    """The traced run's ``ParallelPlan``, from ``inventory.attrs["traced_plan"]``."""
-    from bayesprism.plan import ParallelPlan
-
-    plan = recorded_traced_plan(posterior["inventory"])
-    accepted = ParallelPlan.__dataclass_fields__
-    return ParallelPlan(**{k: v for k, v in plan.items() if k in accepted and v is not None})
-
-
 def predict_rank_step_times(
     posterior: xr.DataTree, heldout: pd.DataFrame, *, draws: int, seed: int,
     others: pd.DataFrame | None = None,
 ) -> HeldoutPrediction:
     """Forecast step time (s) of the traced plan against the held-out ranks' step times.
 
-    The forecast is ``bayesprism.forecast`` of the posterior (bayesprism or a degenerate
+    The forecast is ``bayesprism.forecast.forecasting`` of the posterior (bayesprism or a degenerate
     baseline with the same ``inventory``) at the traced plan; the observations are
     :func:`rank_step_times` of the held-out ranks (from the step's start on their node when
     ``others``, the fitted ranks of the same trace, are given).
     """
-    from bayesprism.forecast import forecast
-
     fc = forecast(
         posterior, [traced_plan(posterior)], draws=draws, random_seed=seed, progress=False
     )
@@ -269,9 +260,7 @@ def fit_bayesprism(
     seed: int,
     progress: bool,
 ) -> xr.DataTree:
-    """bayesprism's fit of ``table`` (spec ``model``, or the step spec for step tables)."""
-    from bayesprism.inference import fit
-
+    """Bayesprism's fit of ``table`` (spec ``model``, or the step spec for step tables)."""
     spec = model if model is not None else ("step" if is_step_table(table) else None)
     return fit(
         table, spec, draws=draws, tune=tune, chains=chains, random_seed=seed, progress=progress
@@ -320,10 +309,18 @@ def validate(
     Returns
     -------
     pandas.DataFrame
-        Index ``method``; columns :data:`bayesprism.metrics.METRICS` plus ``n_observed``.
+        Index ``method``; columns :data:`bayesprism.checks.metrics.METRICS` plus ``n_observed``.
         ``attrs`` hold ``pit`` (method → PIT values), ``skipped`` (method → reason → count),
         ``on_transfer`` (collective launches scored on their transfer part),
         ``unit`` and ``split``.
+
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> from bayesprism.checks.splits import split_table
+    >>> table = bp.read_traces("data/kineto/param_dlrm_8rank", progress=False)  # doctest: +SKIP
+    >>> fit_part, heldout = split_table(table, "ranks", fraction=0.25)  # doctest: +SKIP
+    >>> scores = validate(fit_part, heldout)  # doctest: +SKIP
     """
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
@@ -441,8 +438,11 @@ def resampled_slowest(
     rng: np.random.Generator,
     kernel: str | None = None,
 ) -> dict[int, np.ndarray]:
-    """The slowest of k held-out GPUs by resampling: ``ceil(k/gpn)`` held-out nodes drawn with
-    replacement, their first k GPUs, one random run of ``kernel`` on each; the maximum."""
+    """The slowest of k held-out GPUs by resampling.
+
+    ``ceil(k/gpn)`` held-out nodes drawn with replacement, their first k GPUs, one random run
+    of ``kernel`` on each; the maximum.
+    """
     kernel = kernel or str(heldout["kernel"].astype(str).value_counts().index[0])
     rows = heldout.loc[heldout["kernel"].astype(str) == kernel]
     gpn = _gpus_per_node(heldout)
@@ -463,36 +463,3 @@ def resampled_slowest(
             maxima[r] = max(values[rng.choice(p)] for p in pools)
         out[int(k)] = maxima
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# figure
-
-
-def plot_pit_histogram(
-    pits: dict[str, np.ndarray], path, *, bins: int = 10, title: str | None = None
-):
-    """Histogram of PIT values per method (flat = calibrated), written to ``path``.
-
-    Lives here until ``bayesprism.plots`` has a PIT figure; it draws only what it is given.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(
-        1, len(pits), figsize=(3.2 * len(pits), 2.8), squeeze=False, sharey=True
-    )
-    for ax, (method, values) in zip(axes[0], pits.items(), strict=True):
-        ax.hist(values, bins=bins, range=(0, 1), density=True, color="#4c72b0", edgecolor="white")
-        ax.axhline(1.0, color="black", lw=1, ls="--")
-        ax.set_title(method)
-        ax.set_xlabel("PIT")
-    axes[0][0].set_ylabel("density")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

@@ -1,4 +1,4 @@
-"""Baselines scored next to bayesprism on the same held-out data (``bayesprism.validate``).
+"""Baselines scored next to bayesprism on the same held-out data (``bayesprism.checks.validate``).
 
 ``pooled``
     The approach of PRISM (arXiv 2510.15596): each kernel's duration is a lognormal fitted by
@@ -32,8 +32,11 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from bayesprism.collectives import launch_work_us
+from bayesprism._version import __version__
+from bayesprism.costs.collectives import launch_work_us
 from bayesprism.errors import InputError, Problem
+from bayesprism.inventory import kernel_inventory, run_layout
+from bayesprism.io import ARTIFACT_SCHEMA_VERSION
 
 BASELINES: tuple[str, ...] = ("pooled", "deterministic")
 #: Timed steps dropped at the start of every run (warm-up), as the step model does.
@@ -134,9 +137,6 @@ def degenerate_posterior(
         ``posterior`` with ``kernel_log_median`` (chain, draw, kernel) and ``resid_scale``
         (chain, draw, kernel_class) only: node, GPU, step and collective levels are absent.
     """
-    from bayesprism import __version__
-    from bayesprism.io import ARTIFACT_SCHEMA_VERSION
-
     kernels, resid = kernel_point_estimates(table, method)
     kernel_names = kernels.index.to_numpy(dtype=str)
     classes = resid.index.to_numpy(dtype=str)
@@ -202,8 +202,6 @@ def degenerate_posterior(
 def _inventory(table: pd.DataFrame, reference: xr.DataTree | None) -> xr.Dataset | None:
     if reference is not None and "inventory" in reference.children:
         return reference["inventory"].to_dataset()
-    from bayesprism.inventory import kernel_inventory
-
     return kernel_inventory(table)
 
 
@@ -224,8 +222,6 @@ def slot_work(layout: dict) -> float:
 
 def run_layouts(table: pd.DataFrame) -> dict[str, dict]:
     """The logged layout of every run of a step table (``bayesprism.model.step.run_layout``)."""
-    from bayesprism.model.step import run_layout
-
     runs_meta = table.attrs.get("runs", {})
     layouts: dict[str, dict] = {}
     problems: list = []

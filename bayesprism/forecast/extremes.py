@@ -1,8 +1,9 @@
 """Order statistics of the slowest nodes of a large cluster, without drawing every node.
 
 A rank's log-multiplier is ``T = ln*u + lg*v + lgs*z + rho`` (node effect u and GPU effect v
-from the posterior's populations, ``bayesprism.population``; rho normal, z normal or, under an
-episode population, a two-component normal mixture: a share of GPU-steps shifted and wider).
+from the posterior's populations, ``bayesprism.forecast.population``; rho normal, z normal or,
+under an episode population, a two-component normal mixture: a share of GPU-steps shifted and
+wider).
 A node's slowest GPU gives ``Y = ln*u + M`` with ``M = max over its GPUs of e``,
 ``e = lg*v + lgs*z + rho``.
 With N independent new nodes the maximum has CDF ``F^N``: a uniform U maps to the x with
@@ -24,7 +25,7 @@ from scipy import special
 from scipy.interpolate import CubicSpline
 
 from bayesprism.errors import InputError, Problem
-from bayesprism.population import (
+from bayesprism.forecast.population import (
     episode_tail_weight,
     mixture_sf,
     population_parameters,

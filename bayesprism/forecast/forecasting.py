@@ -41,10 +41,15 @@ from collections.abc import Sequence
 import numpy as np
 import xarray as xr
 
-from bayesprism.draws import StepDraws
+from bayesprism._version import __version__
 from bayesprism.errors import InputError, Problem
+from bayesprism.forecast.composition import compose
+from bayesprism.forecast.draws import StepDraws
+from bayesprism.forecast.slots import composition_path
+from bayesprism.forecast.workload import posterior_arrays
 from bayesprism.io import ARTIFACT_SCHEMA_VERSION
 from bayesprism.plan import Cluster, ParallelPlan
+from bayesprism.posterior import thin_draws
 
 #: Training runs up to this many steps are simulated step by step; longer ones use a normal sum.
 SIMULATED_STEPS_MAX = 256
@@ -158,7 +163,6 @@ def training_time_draws(
 
 
 def _thin(posterior: xr.DataTree, draws: int | None) -> xr.DataTree:
-    from bayesprism.sensitivity import thin_draws
 
     return thin_draws(posterior, draws)
 
@@ -214,8 +218,6 @@ def forecast(
         Root dataset with dims ``plan``, ``draw``, ``replicate`` (and ``threshold``,
         ``deadline``); plan fields are coordinates on ``plan``.
     """
-    from bayesprism.composition import compose
-
     plans = _as_plans(plans)
     if not (isinstance(replicates, int) and replicates >= 1):
         raise InputError(Problem("arguments", "replicates", "must be a positive integer",
@@ -238,7 +240,6 @@ def forecast(
     paths: list[str] = []
     kernel_level = thinned.attrs.get("model_kind") != "step"
     if kernel_level:
-        from bayesprism.workload import posterior_arrays
 
         arrays = posterior_arrays(thinned)  # once for every plan
     for plan in iterator:
@@ -248,10 +249,7 @@ def forecast(
         if thinned.attrs.get("model_kind") == "step":
             paths.append("step-model")
         else:
-            from bayesprism.composition import EXACT_MAX_GPUS
-
-            use_exact = plan.gpus <= EXACT_MAX_GPUS if exact is None else bool(exact)
-            paths.append("exact" if use_exact else "fast")
+            paths.append(composition_path(plan, cluster, exact))
 
     names = _unique_names(plans)
     dims = ("plan", "draw", "replicate")
@@ -352,7 +350,6 @@ def traced_step_time_s(posterior: xr.DataTree, *, source: str = "posterior") -> 
 
 
 def _version() -> str:
-    from bayesprism import __version__
 
     return __version__
 

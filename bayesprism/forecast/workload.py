@@ -3,7 +3,7 @@
 :func:`build_plan_model` turns a kernel-level posterior (``docs/artifacts.md``: ``posterior`` and
 ``inventory`` groups) and a :class:`~bayesprism.plan.ParallelPlan` into per-draw typical times:
 forward/backward compute per micro-batch, optimizer time, every collective's transfer time by
-the ring cost model of ``bayesprism.collectives``, and the effective variability loadings that
+the ring cost model of ``bayesprism.costs.collectives``, and the effective variability loadings that
 ``bayesprism.composition`` samples from. NumPy only. What it reads from the fit is extracted
 once per posterior object into a :class:`PosteriorArrays` (:func:`posterior_arrays`, memoised
 while the object lives), so recomposing one posterior (placement search, sensitivity, what-if)
@@ -83,10 +83,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import xarray as xr
 
-from bayesprism import collectives
+from bayesprism.costs import collectives
 from bayesprism.errors import InputError, Problem
-from bayesprism.inventory import recorded_traced_plan
 from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
+from bayesprism.posterior import recorded_traced_plan
+from bayesprism.spec import DEFAULT_PRIORS, ModelSpec
 
 MICROBATCH_CLASSES = ("gemm", "attention", "elementwise", "norm", "memcpy", "other")
 COMM_ROLES = ("tp", "cp", "ep", "pp", "dp")
@@ -453,7 +454,6 @@ def posterior_arrays(posterior: xr.DataTree) -> PosteriorArrays:
 
 def _spec_prior(posterior: xr.DataTree, name: str) -> float:
     """Prior ``name`` of the spec the posterior was fitted with (the default when absent)."""
-    from bayesprism.spec import DEFAULT_PRIORS, ModelSpec
 
     stored = posterior.attrs.get("spec")
     return ModelSpec.from_dict(json.loads(stored)).prior(name) if stored \

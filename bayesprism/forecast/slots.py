@@ -1,6 +1,6 @@
 """Plan geometry and measured-node lists: which ranks a node slot runs, node rankings, draining.
 
-Ranks map to node slots as in Megatron-LM (and ``bayesprism.composition``): tensor-parallel
+Ranks map to node slots as in Megatron-LM (and ``bayesprism.forecast.composition``): tensor-parallel
 rank fastest, then context-parallel, data-parallel, pipeline stage
 (``rank = tp_rank + tp·(cp_rank + cp·(dp_rank + dp·stage))``); node slot ``j`` holds ranks
 ``j·G … (j+1)·G − 1`` for G GPUs per node, and runs on the j-th node of the cluster's node list
@@ -18,7 +18,9 @@ import numpy as np
 import xarray as xr
 
 from bayesprism.errors import InputError, PlanError, Problem
-from bayesprism.sensitivity import posterior_group
+from bayesprism.forecast.composition import EXACT_MAX_GPUS
+from bayesprism.plan import Cluster
+from bayesprism.posterior import posterior_group
 
 # --------------------------------------------------------------------------- plan geometry
 
@@ -123,10 +125,31 @@ def cluster_nodes(cluster) -> list[str] | None:
 def with_nodes(cluster, nodes: Sequence[str], plan=None):
     """A cluster running ``nodes`` (slot order); built from the plan's GPUs per node if needed."""
     if cluster is None:
-        from bayesprism.plan import Cluster
-
         return Cluster(gpus_per_node=gpus_per_node_of(plan), nodes=tuple(nodes))
     return dataclasses.replace(cluster, nodes=tuple(nodes))
+
+
+def composition_path(plan, cluster=None, exact: bool | None = None) -> str:
+    """The path :func:`bayesprism.forecast.composition.compose` takes: ``"exact"`` or ``"fast"``.
+
+    By scale when ``exact`` is None (exact up to
+    :data:`~bayesprism.forecast.composition.EXACT_MAX_GPUS` GPUs), else as asked; a cluster
+    listing measured nodes for the plan's node slots always takes the exact path, which keeps
+    their positions.
+
+    Examples
+    --------
+    >>> from bayesprism.plan import Cluster, ParallelPlan
+    >>> composition_path(ParallelPlan(dp=16), exact=False)
+    'fast'
+    >>> composition_path(ParallelPlan(dp=16), Cluster(nodes=("a", "b")), exact=False)
+    'exact'
+    """
+    use_exact = plan.gpus <= EXACT_MAX_GPUS if exact is None else bool(exact)
+    nodes = math.ceil(plan.gpus / gpus_per_node_of(plan, cluster))
+    if cluster is not None and cluster.nodes[:nodes]:
+        use_exact = True
+    return "exact" if use_exact else "fast"
 
 
 def drained_cluster(cluster, plan, drain, ranking: Sequence[str]):

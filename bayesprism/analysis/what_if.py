@@ -1,10 +1,8 @@
-"""What to fix and where to place: sensitivity, what-if forecasts and node placement.
+"""What if: forecast deltas of a plan under changes to kernels, links, nodes or the schedule.
 
-``sensitivity`` lives in :mod:`bayesprism.sensitivity` and ``place`` in
-:mod:`bayesprism.placement`; both are re-exported here. ``what_if`` is defined here: it applies
-a set of :class:`Changes` to the posterior, the plan and the cluster, and recomposes with the
-same posterior draws and seed as the base forecast (common random numbers), so the reported
-deltas are precise even when they are small.
+:func:`what_if` applies a set of :class:`Changes` to the posterior, the plan and the cluster,
+and recomposes with the same posterior draws and seed as the base forecast (common random
+numbers), so the reported deltas are precise even when they are small.
 """
 
 from __future__ import annotations
@@ -17,27 +15,24 @@ from dataclasses import dataclass, field
 import numpy as np
 import xarray as xr
 
-from bayesprism.errors import InputError, Problem
-from bayesprism.placement import place
-from bayesprism.sensitivity import (
+from bayesprism.analysis.counterfactual import (
     THRESHOLDS,
     PerDraw,
     check_kernel_posterior,
     compose_with_seed,
     estimate,
-    posterior_group,
     scale_variable,
-    sensitivity,
     shift_variable,
+    slowdown_ratios,
     summary,
-    thin_draws,
     threshold_key,
-    with_posterior_group,
 )
-from bayesprism.slots import cluster_nodes, drained_cluster, rank_nodes, with_nodes
-from bayesprism.workload import collective_model_classes
+from bayesprism.errors import InputError, Problem
+from bayesprism.forecast.slots import cluster_nodes, drained_cluster, rank_nodes, with_nodes
+from bayesprism.forecast.workload import collective_model_classes
+from bayesprism.posterior import posterior_group, thin_draws, with_posterior_group
 
-__all__ = ["Changes", "place", "sensitivity", "what_if"]
+__all__ = ["Changes", "apply_changes", "what_if"]
 
 _CHANGE_KEYS = ("faster", "bandwidth", "latency", "drain", "schedule", "microbatches")
 
@@ -64,11 +59,16 @@ class Changes:
         measured node of the posterior, in its order; base and changed forecasts both use it).
         If the remaining nodes still hold the plan, it is unchanged (spares absorb the loss);
         otherwise dp shrinks and micro-batches grow to keep the global batch, see
-        :func:`bayesprism.placement.drained_cluster`.
+        :func:`bayesprism.analysis.placement.drained_cluster`.
     schedule
         Pipeline schedule replacing the plan's (``"1f1b"``, ``"zero-bubble"``, ...).
     microbatches
         Micro-batch count replacing the plan's.
+
+    Examples
+    --------
+    >>> Changes.from_dict({"faster": {"gemm": 0.1}, "drain": 2}).to_dict()
+    {'faster': {'gemm': 0.1}, 'drain': 2}
     """
 
     faster: Mapping[str, float] = field(default_factory=dict)
@@ -243,7 +243,7 @@ def what_if(
         "bandwidth": {"allreduce": 2.0}, "latency": {"allreduce/inter": 0.5}, "drain": 2,
         "schedule": "zero-bubble", "microbatches": 64}``. All changes are applied together.
     draws, replicates, random_seed, cluster, thresholds
-        As in :func:`bayesprism.sensitivity.sensitivity`; both forecasts use the same draws
+        As in :func:`bayesprism.analysis.sensitivity.sensitivity`; both forecasts use the same draws
         and seed (common random numbers).
 
     Returns
@@ -252,11 +252,20 @@ def what_if(
         ``base`` and ``changed``: summaries (``mean_s``, ``p50_s``, ``p95_s``, ``slowdown_p``
         with ``*_ci90`` intervals and ``ideal_step_time_s``); ``deltas``: changed − base per
         posterior draw (negative = faster), as ``{"mean_s": {"estimate", "ci90"}, "p50_s": ...,
-        "p95_s": ..., "slowdown_p": {"0.05": {"estimate", "ci90"}, ...}}``; ``relative``: the
+        "p95_s": ..., "slowdown_p": {"1.05": {"estimate", "ci90"}, ...}}``; ``relative``: the
         same for changed ÷ base of mean, p50 and p95; ``changes`` (as applied), ``plan`` and
         ``changed_plan``, ``drained`` (node names removed), ``draws``, ``replicates``,
         ``random_seed``. P(slowdown) of each forecast is relative to its own ideal step time,
         as in ``forecast``.
+
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> posterior = bp.load("posterior.nc")  # doctest: +SKIP
+    >>> faster = {"faster": {"gemm": 0.1}}
+    >>> result = what_if(posterior, bp.ParallelPlan(dp=64), faster)  # doctest: +SKIP
+    >>> result["deltas"]["p95_s"]["estimate"] < 0  # doctest: +SKIP
+    True
     """
     check_kernel_posterior(posterior, "what-if")
     if not isinstance(changes, Changes):
@@ -267,6 +276,7 @@ def what_if(
         changes = Changes.from_dict(changes)
     else:
         changes = changes.validated()
+    thresholds = slowdown_ratios(thresholds)
     thinned = thin_draws(posterior, draws)
     changed_tree = apply_changes(thinned, changes)
 

@@ -3,9 +3,9 @@
 Every row (one kernel launch, or one benchmark run on one GPU) is simulated from a kernel-level
 posterior (or a baseline's degenerate posterior): the fitted effects where its node, GPU, step
 or cabinet was fitted, new effects from the level's population
-(``bayesprism.population.draw_effects``) where not, the fitted residual law, and with
+(``bayesprism.forecast.population.draw_effects``) where not, the fitted residual law, and with
 ``step_noise`` its step's residual stretch (a new step is a fitted one, level and noise
-together, picked as often as its runs were measured). Used by ``bayesprism.validate`` for
+together, picked as often as its runs were measured). Used by ``bayesprism.checks.validate`` for
 held-out scores and slowest-of-k.
 """
 
@@ -17,14 +17,15 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from bayesprism.composition import DEFAULT_MAX_SLOWDOWN
-from bayesprism.schema import signature_as_kernel
-from bayesprism.workload import (
+from bayesprism.forecast.composition import DEFAULT_MAX_SLOWDOWN
+from bayesprism.forecast.population import draw_effects
+from bayesprism.forecast.workload import (
     fitted_step_weights,
     flat_draws,
     has_resid_slow,
     stretched_slow_sd,
 )
+from bayesprism.schema import signature_as_kernel
 
 __all__ = ["predict_rows"]
 
@@ -49,8 +50,6 @@ class _DrawPicker:
         if n_units == 0:
             return np.zeros((self.index.size, 0))
         if f"{level}_population" in posterior.attrs:
-            from bayesprism.population import draw_effects
-
             z = draw_effects(posterior, level, n_units * self.reps, rng)
         else:  # levels without a recorded family (step, cabinet) are standard normal
             z = rng.standard_normal((self.n_samples, n_units * self.reps))
@@ -117,7 +116,7 @@ def predict_rows(
     (durations, predictable)
         ``durations`` of shape ``(draws, n_predictable)``, each at most
         ``DEFAULT_MAX_SLOWDOWN`` times its kernel's typical time (the composition's cap, see
-        ``bayesprism.composition``), and the boolean mask of rows whose
+        ``bayesprism.forecast.composition``), and the boolean mask of rows whose
         kernel has a ``kernel_log_median`` (kernels modelled only by the collective cost model,
         or never fitted, are not predicted here).
     """

@@ -84,7 +84,7 @@ Exact path and fast path
 The exact path simulates every rank (used up to :data:`EXACT_MAX_GPUS` GPUs by default); it
 draws each posterior draw's cluster once and keeps it over the replicates. The fast path
 never draws all ranks: the :data:`TOP_REPLICAS` slowest nodes are sampled as order statistics
-of the N new nodes by inverse CDF of ``F^N`` (``bayesprism.extremes``; their law holds the
+of the N new nodes by inverse CDF of ``F^N`` (``bayesprism.forecast.extremes``; their law holds the
 GPU×step episode mixture, so every GPU-step of the cluster may bring an episode), land on
 random stages of random (groups of ep) replicas, slowing together the replicas they share,
 whose other stages are ordinary simulated stage groups capped at the slowest nodes' level
@@ -131,19 +131,25 @@ import numpy as np
 import xarray as xr
 from scipy import special
 
-from bayesprism.draws import StepDraws
 from bayesprism.errors import InputError, Problem
-from bayesprism.extremes import RankLaw, top_node_log_multipliers
-from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
-from bayesprism.population import episode_effect
-from bayesprism.schedules import Schedule, build_schedule, pipeline_finish
-from bayesprism.workload import (
+from bayesprism.forecast.draws import StepDraws
+from bayesprism.forecast.extremes import RankLaw, top_node_log_multipliers
+from bayesprism.forecast.population import (
+    draw_effects,
+    episode_effect,
+    population_family,
+    population_quantile,
+)
+from bayesprism.forecast.schedules import Schedule, build_schedule, pipeline_finish
+from bayesprism.forecast.stepscale import compose_steps
+from bayesprism.forecast.workload import (
     PlanModel,
     PosteriorArrays,
     build_plan_model,
-    flat_draws,
     posterior_arrays,
 )
+from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
+from bayesprism.posterior import flat_draws
 
 EXACT_MAX_GPUS = 2048
 #: Default bound on a rank's slowdown: its compute multiplier ``exp(T)`` is capped at this.
@@ -264,7 +270,6 @@ def _new_effects(posterior, level: str, n: int, rng, loading: np.ndarray) -> np.
     still consumes the same numbers of its stream); zeros only when the level was not fitted
     and carries no loading.
     """
-    from bayesprism.population import draw_effects, population_family
 
     draws = loading.shape[0]
     if n == 0:
@@ -614,7 +619,6 @@ def _ideal_from_model(model: PlanModel, residual_mean: float) -> float:
 def _dominant_level(model: PlanModel, posterior, n_nodes: int) -> str:
     """The level whose largest unit is typically the slowest: per level, the loading times the
     population's 1 - 1/N quantile over its N units (median over draws)."""
-    from bayesprism.population import population_quantile
 
     gpus = model.plan.gpus
     spans = {}
@@ -690,7 +694,6 @@ def compose(
         plans on one posterior (extracted here otherwise).
     """
     if posterior.attrs.get("model_kind") == "step":
-        from bayesprism.stepscale import compose_steps
 
         return compose_steps(posterior, plan, replicates=replicates, rng=rng)
     if not (isinstance(replicates, int) and replicates >= 1):

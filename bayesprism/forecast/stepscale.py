@@ -48,8 +48,10 @@ import numpy as np
 import xarray as xr
 from scipy import special
 
-from bayesprism.draws import StepDraws
+from bayesprism.costs import step as formulas
 from bayesprism.errors import InputError, Problem
+from bayesprism.forecast.draws import StepDraws
+from bayesprism.posterior import flat_draws, posterior_dataset
 
 PARAMETERS: tuple[str, ...] = (
     "mb_log_median", "work_exponent", "bubble_efficiency", "rank_sigma", "comm_latency",
@@ -94,13 +96,12 @@ def spike_weight(ds: xr.Dataset, attrs: dict, nodes: float) -> np.ndarray:
     >>> float(spike_weight(ds, {"reference_nodes": 4.0}, 4.0)[0])
     0.25
     """
-    from scipy.special import expit
-
     if all(name in ds for name in SPIKES):
         reference = float(attrs.get("reference_nodes", nodes))
-        eta = _flat(ds, "spike_logit") + _flat(ds, "spike_slope") * np.log(nodes / reference)
-        return 0.5 * expit(eta)
-    weight = _flat(ds, "slow_weight")
+        eta = (flat_draws(ds["spike_logit"])
+               + flat_draws(ds["spike_slope"]) * np.log(nodes / reference))
+        return 0.5 * special.expit(eta)
+    weight = flat_draws(ds["slow_weight"])
     return weight if weight.ndim == 1 else weight.mean(axis=1)
 
 
@@ -135,14 +136,8 @@ def target_layout(plan, posterior_attrs: dict) -> dict:
 
 
 def _posterior_parts(posterior) -> tuple[xr.Dataset, dict]:
-    if isinstance(posterior, xr.DataTree):
-        ds = posterior["posterior"].to_dataset() if "posterior" in posterior.children \
-            else posterior.to_dataset()
-        attrs = {**dict(posterior.attrs), **dict(ds.attrs)}
-    elif isinstance(posterior, xr.Dataset):
-        ds, attrs = posterior, dict(posterior.attrs)
-    else:
-        raise TypeError(f"expected a DataTree or Dataset, got {type(posterior).__name__}")
+    ds = posterior_dataset(posterior)
+    attrs = dict(ds.attrs)
     kind = attrs.get("model_kind")
     if kind is not None and kind != "step":
         raise InputError(Problem("posterior", "model_kind",
@@ -152,13 +147,6 @@ def _posterior_parts(posterior) -> tuple[xr.Dataset, dict]:
         raise InputError(Problem("posterior", ", ".join(missing),
                                  "missing from the posterior: not a step-model fit"))
     return ds, attrs
-
-
-def _flat(ds: xr.Dataset, name: str) -> np.ndarray:
-    var = ds[name]
-    extra = [d for d in var.dims if d not in ("chain", "draw")]
-    return var.transpose("chain", "draw", *extra).to_numpy().reshape(
-        (-1, *var.shape[2:])).astype(float)
 
 
 def _stratified(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
@@ -185,11 +173,9 @@ def _leaf_cost(ds: xr.Dataset, attrs: dict, plan, layout: dict, terms: dict,
     ``nodes_per_leaf`` comes from the plan (``plan.nodes_per_leaf``), else from the fitted runs'
     stated fact (``attrs["nodes_per_leaf"]``, one value); without it there is no leaf tier (0).
     The cost ``comm_leaf`` is the fitted one, or drawn from its prior
-    (:data:`bayesprism.model.step.LEAF_PRIOR`) when the fit had no such fact: a user who knows
+    (:data:`bayesprism.costs.step.LEAF_PRIOR`) when the fit had no such fact: a user who knows
     the fabric can state it at forecast time.
     """
-    from bayesprism.model.step import LEAF_PRIOR
-
     per_leaf = getattr(plan, "nodes_per_leaf", None)
     if per_leaf is None:
         fitted = json.loads(attrs.get("nodes_per_leaf", "null") or "null") or []
@@ -204,18 +190,13 @@ def _leaf_cost(ds: xr.Dataset, attrs: dict, plan, layout: dict, terms: dict,
     group_nodes = math.ceil(layout["tp"] * layout["cp"] * layout["dp"] / layout["gpus_per_node"])
     if group_nodes <= per_leaf:
         return 0.0
-    n_draws = _flat(ds, "mb_log_median").shape[0]
+    n_draws = flat_draws(ds["mb_log_median"]).shape[0]
     if "comm_leaf" in ds:
-        cost = _flat(ds, "comm_leaf")
+        cost = flat_draws(ds["comm_leaf"])
     else:
-        cost = np.exp(LEAF_PRIOR[0] + LEAF_PRIOR[1] * rng.standard_normal(n_draws))
+        mu, sigma = formulas.LEAF_PRIOR
+        cost = np.exp(mu + sigma * rng.standard_normal(n_draws))
     return cost * float(terms["inter_bandwidth"])
-
-
-def _config_label(layout: dict) -> str:
-    from bayesprism.model.step import config_label
-
-    return config_label(layout)
 
 
 def compose_steps(posterior, plan, *, replicates: int = 8,
@@ -241,8 +222,6 @@ def compose_steps(posterior, plan, *, replicates: int = 8,
     StepDraws
         Arrays of shape (draw, replicate), seconds; breakdown as in the module docstring.
     """
-    from bayesprism.model.step import comm_terms, max_normal_moments, schedule_bubble_slots
-
     if isinstance(replicates, bool) or int(replicates) != replicates or replicates < 1:
         raise InputError(Problem("arguments", "replicates", "must be a positive integer",
                                  example=replicates))
@@ -251,40 +230,40 @@ def compose_steps(posterior, plan, *, replicates: int = 8,
     layout = target_layout(plan, attrs)
     fitted_mb = json.loads(attrs.get("fitted_microbatches", "[]") or "[]")
     if len(fitted_mb) == 1 and layout["microbatches"] != fitted_mb[0]:
-        from bayesprism.model.step import separability_note
-
-        warnings.warn(f"forecast at {layout['microbatches']} micro-batch(es): "
-                      + separability_note(fitted_mb[0]), SeparabilityWarning, stacklevel=2)
-    p = {name: _flat(ds, name) for name in PARAMETERS}
+        note = formulas.separability_note(fitted_mb[0])
+        warnings.warn(f"forecast at {layout['microbatches']} micro-batch(es): {note}",
+                      SeparabilityWarning, stacklevel=2)
+    p = {name: flat_draws(ds[name]) for name in PARAMETERS}
     n_draws = p["mb_log_median"].shape[0]
     if "reference_work" not in attrs:
         raise InputError(Problem("posterior", "attrs.reference_work",
                                  "is missing: not a step-model fit by bayesprism.fit"))
     reference_work = float(attrs["reference_work"])
     work = layout["micro_batch_size"] / (layout["tp"] * layout["pp"] * layout["cp"])
-    emax, smax = (float(v) for v in max_normal_moments(layout["world_size"]))
+    emax, smax = (float(v) for v in formulas.max_normal_moments(layout["world_size"]))
 
     slot = np.exp(p["mb_log_median"] + p["work_exponent"] * np.log(work / reference_work))
-    bubble_slots = p["bubble_efficiency"] * schedule_bubble_slots(layout["pp"],
-                                                                  layout["virtual_stages"])
+    bubble_slots = p["bubble_efficiency"] * formulas.schedule_bubble_slots(
+        layout["pp"], layout["virtual_stages"])
     slots = layout["microbatches"] + bubble_slots
     compute = layout["microbatches"] * slot
     bubble = bubble_slots * slot
-    terms = comm_terms(layout["dp"] * layout["cp"], layout["tp"], layout["pp"],
-                       layout["tp"] * layout["cp"] * layout["dp"], layout["gpus_per_node"],
-                       float(attrs.get("reference_tp_pp", layout["tp"] * layout["pp"])))
+    terms = formulas.comm_terms(layout["dp"] * layout["cp"], layout["tp"], layout["pp"],
+                                layout["tp"] * layout["cp"] * layout["dp"],
+                                layout["gpus_per_node"],
+                                float(attrs.get("reference_tp_pp", layout["tp"] * layout["pp"])))
     comm = np.exp(p["mb_log_median"]) * (p["comm_latency"] * terms["latency_steps"]
                                          + p["comm_intra"] * terms["intra_bandwidth"]
                                          + p["comm_inter"] * terms["inter_bandwidth"])
     comm = comm + _leaf_cost(ds, attrs, plan, layout, terms, rng) * np.exp(p["mb_log_median"])
     location = np.log((compute + bubble) * np.exp(p["rank_sigma"] * emax) + comm)
     if "config_sd" in ds:
-        label = _config_label(layout)
+        label = formulas.config_label(layout)
         configs = [str(c) for c in ds["config"].to_numpy()] if "config" in ds.coords else []
         if label in configs and "config_log_median" in ds:
-            location = _flat(ds, "config_log_median")[:, configs.index(label)]
+            location = flat_draws(ds["config_log_median"])[:, configs.index(label)]
         else:
-            location = location + _flat(ds, "config_sd") * rng.standard_normal(n_draws)
+            location = location + flat_draws(ds["config_sd"]) * rng.standard_normal(n_draws)
     run_effect = p["run_sd"] * rng.standard_normal(n_draws)
     noise_sd = np.sqrt((p["rank_sigma"] ** 2 * smax**2 + p["slot_noise"] ** 2) / slots
                        + p["step_noise"] ** 2)
@@ -298,7 +277,7 @@ def compose_steps(posterior, plan, *, replicates: int = 8,
     if all(name in ds for name in MIXTURE):
         nodes = max(math.ceil(layout["world_size"] / layout["gpus_per_node"]), 1)
         weight = spike_weight(ds, attrs, float(nodes))[:, None]
-        shift, spread = (_flat(ds, name)[:, None] for name in MIXTURE[1:])
+        shift, spread = (flat_draws(ds[name])[:, None] for name in MIXTURE[1:])
         slow = _stratified(rng, shape) < weight
         # the slow component: shifted by slow_shift, spread sqrt(noise_sd^2 + slow_spread^2)
         extra = shift + spread * rng.standard_normal(shape)

@@ -43,17 +43,14 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from bayesprism.errors import InputError, Problem
-from bayesprism.sensitivity import (
+from bayesprism.analysis.counterfactual import (
     PerDraw,
     check_kernel_posterior,
     compose_with_seed,
     estimate,
-    posterior_group,
-    thin_draws,
-    with_posterior_group,
 )
-from bayesprism.slots import (
+from bayesprism.errors import InputError, Problem
+from bayesprism.forecast.slots import (
     Slot,
     cluster_nodes,
     degree,
@@ -65,7 +62,8 @@ from bayesprism.slots import (
     with_nodes,
     world_size,
 )
-from bayesprism.workload import posterior_arrays
+from bayesprism.forecast.workload import posterior_arrays
+from bayesprism.posterior import posterior_group, thin_draws, with_posterior_group
 
 OBJECTIVES = ("mean", "p95")
 #: Relative improvement a swap must bring to be accepted: smaller ones are mostly Monte-Carlo
@@ -244,9 +242,10 @@ def _drain_advice(
     evaluator: _Evaluator, greedy: list[str], cluster, plan, k: int, slowest_first: list[str],
     *, new_nodes: int = 0,
 ):
-    """The throughput per GPU after draining the first 1..k of the k slowest nodes, and the
-    drain advised: the first j of them with the best cumulative gain, when that gain is above
-    1 (none otherwise), so the advice never contradicts its numbers.
+    """Throughput per GPU after draining 1..k of the k slowest nodes, and the drain advised.
+
+    The advice is the first j of them with the best cumulative gain, when that gain is above 1
+    (none otherwise), so it never contradicts its numbers.
 
     With ``new_nodes`` (a plan larger than the measured nodes), a drained node's slot runs a
     new node from the population and the plan is unchanged.
@@ -356,6 +355,12 @@ def place(
         (a plan larger than the measured nodes: those fill the first slots and keep their
         effects; a drained node is replaced by a new one and the plan is kept);
         ``compositions``; ``draws``, ``replicates``, ``random_seed``.
+
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> posterior = bp.load("posterior.nc")  # doctest: +SKIP
+    >>> advice = place(posterior, bp.ParallelPlan(dp=16), drain=2)  # doctest: +SKIP
     """
     if not (isinstance(drain, int) and not isinstance(drain, bool) and drain >= 0):
         raise InputError(Problem("arguments", "drain", "must be a whole number >= 0",

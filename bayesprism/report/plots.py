@@ -1,10 +1,10 @@
 """Figures of diagnostics and forecasts (matplotlib / ArviZ 1.x, headless).
 
-Plotting code draws values computed elsewhere (``bayesprism.diagnostics``, the forecast
-summary of ``bayesprism.forecast``, ``bayesprism.analysis``); it computes no statistics. Every
-function takes the values and an output path, saves one PNG and returns its path. The figure's
-title is also written into the PNG's ``Title`` metadata, so a reader (or a test) can tell which
-figure a file holds.
+Plotting code draws values computed elsewhere (``bayesprism.checks.diagnostics``, the forecast
+summary of ``bayesprism.forecast.forecasting``, ``bayesprism.analysis.what_if``); it computes no
+statistics. Every function takes the values and an output path, saves one PNG and returns its
+path. The figure's title is also written into the PNG's ``Title`` metadata, so a reader (or a
+test) can tell which figure a file holds.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from bayesprism.report.sections import duration_unit
+
+# arviz_plots is imported inside the figures that use it (start-up time).
 
 LEVEL_COLORS = {
     "node": "#1f77b4",
@@ -53,14 +57,6 @@ def _save(fig: Figure, path: str | Path, title: str) -> Path:
     return path
 
 
-def png_title(path: str | Path) -> str:
-    """The title stored in a PNG written by this module."""
-    from PIL import Image
-
-    with Image.open(path) as image:
-        return str(image.text.get("Title", ""))
-
-
 # --------------------------------------------------------------------------- MCMC diagnostics
 def plot_trace(
     draws: xr.DataTree,
@@ -74,7 +70,7 @@ def plot_trace(
     ----------
     draws
         DataTree with a ``posterior`` group of (chain, draw) variables, typically
-        ``bayesprism.diagnostics.worst_draws(posterior, report)``.
+        ``bayesprism.checks.diagnostics.worst_draws(posterior, report)``.
     path
         Output PNG.
     """
@@ -344,8 +340,6 @@ def plot_forecast_fan(
 
 def _time_axis(values: Sequence[float]) -> tuple[str, float]:
     """Unit (and its size in s) of a time axis, from the largest value it shows."""
-    from bayesprism.report_sections import duration_unit
-
     finite = [v for v in values if v is not None and np.isfinite(v)]
     return duration_unit(max(finite)) if finite else ("s", 1.0)
 
@@ -459,3 +453,25 @@ def plot_breakdown(
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="x", alpha=0.3)
     return _save(fig, path, title)
+
+
+def plot_pit_histogram(
+    pits: dict[str, np.ndarray], path, *, bins: int = 10, title: str | None = None
+):
+    """Histogram of PIT values per method (flat = calibrated), written to ``path``
+    (``bayesprism.checks.validate`` computes them)."""
+    fig, axes = plt.subplots(
+        1, len(pits), figsize=(3.2 * len(pits), 2.8), squeeze=False, sharey=True
+    )
+    for ax, (method, values) in zip(axes[0], pits.items(), strict=True):
+        ax.hist(values, bins=bins, range=(0, 1), density=True, color="#4c72b0", edgecolor="white")
+        ax.axhline(1.0, color="black", lw=1, ls="--")
+        ax.set_title(method)
+        ax.set_xlabel("PIT")
+    axes[0][0].set_ylabel("density")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -2,8 +2,8 @@
 
 ``diagnose(posterior)`` answers one question: can the fit be trusted? It collects R-hat, bulk
 and tail ESS (ArviZ), divergences and BFMI, and runs the posterior predictive checks of
-``bayesprism.predictive_checks`` against the traced run (cell durations per kernel class, and
-the traced step time when the composition is available). It also prepares the tidy tables the
+``bayesprism.checks.predictive_checks`` against the traced run (cell durations per kernel class, and
+the traced step time). It also prepares the tidy tables the
 plots and the report draw (variance components, unit effects, worst-mixing draws), so that
 plotting code computes nothing.
 """
@@ -18,10 +18,13 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from bayesprism.predictive_checks import cell_predictive_check, step_time_check
-from bayesprism.workload import RESID_SLOW_VARS
+from bayesprism.checks.predictive_checks import cell_predictive_check, step_time_check
+from bayesprism.errors import ArtifactError, Problem
+from bayesprism.forecast.workload import RESID_SLOW_VARS
+from bayesprism.posterior import LEVEL_SCALES, SAMPLE_DIMS, STEP_LEVEL_SCALES
 
-SAMPLE_DIMS = ("chain", "draw")
+# arviz is imported inside the functions that use it: start-up time of `bayesprism diagnose`.
+
 #: Levels of the kernel model with a per-class loading ``{level}_scale``; order used in tables.
 LEVELS = ("node", "gpu", "step", "gpustep", "cabinet", "resid")
 #: Unit-effect variables and their unit dims.
@@ -141,10 +144,15 @@ def diagnose(
     Returns
     -------
     DiagnosisReport
+
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> report = diagnose(bp.load("posterior.nc"))  # doctest: +SKIP
+    >>> report.ok, report.max_rhat  # doctest: +SKIP
+    (True, 1.004)
     """
     if "posterior" not in posterior.children:
-        from bayesprism.errors import ArtifactError, Problem
-
         raise ArtifactError(Problem("posterior", "posterior", "the fit has no posterior group"))
     post = posterior["posterior"].to_dataset()
     n_chains = int(post.sizes.get("chain", 1))
@@ -443,6 +451,55 @@ def variance_components(posterior: xr.DataTree) -> pd.DataFrame:
     for q in ("q05", "q50", "q95"):
         frame[f"share_{q}"] = shares[q].to_numpy()
     return frame[columns]
+
+
+#: Levels in :func:`level_cvs` of a kernel-level fit (``gpustep`` only when fitted).
+CV_LEVELS = ("node", "gpu", "step", "gpustep", "residual")
+
+
+def _median_cv(sigma: np.ndarray) -> float:
+    """Posterior median of the coefficient of variation of a lognormal level."""
+    return float(np.median(np.sqrt(np.expm1(np.asarray(sigma, dtype=float) ** 2))))
+
+
+def level_cvs(posterior: xr.DataTree) -> dict:
+    """``{class: {level: CV}}``: CV = sqrt(exp(σ²) − 1) of each level's loading, median.
+
+    Kernel posteriors give ``node``, ``gpu``, ``step``, ``residual`` (None when the level was not
+    fitted) and ``gpustep`` when fitted; step posteriors give one class ``step`` with ``run``,
+    ``rank``, ``slot``, ``step`` (and ``config`` when fitted). The residual's σ is its log sd
+    (:func:`residual_log_sd`). ``bayesprism fit`` prints this table.
+
+    Examples
+    --------
+    >>> post = xr.Dataset({"gpu_scale": (("chain", "draw", "kernel_class"), [[[0.1], [0.1]]])},
+    ...                   coords={"kernel_class": ["gemm"]})
+    >>> level_cvs(xr.DataTree.from_dict({"posterior": post}))["gemm"]["gpu"]
+    0.10025...
+    """
+    group = posterior["posterior"].to_dataset()
+    if posterior.attrs.get("model_kind") == "step":
+        return {"step": {level: _median_cv(group[name].to_numpy()) for level, name in
+                         STEP_LEVEL_SCALES.items() if name in group}}
+    if "resid_scale" in group:
+        # a two-component residual's log sd includes its slow launches
+        group["resid_scale"] = residual_log_sd(group)
+    names = {level: LEVEL_SCALES[level] for level in CV_LEVELS}
+    classes = []
+    for name in names.values():
+        if name in group and "kernel_class" in group[name].dims:
+            classes = [str(c) for c in group[name]["kernel_class"].to_numpy()]
+            break
+    out: dict = {}
+    for cls in classes:
+        levels: dict = {}
+        for level, name in names.items():
+            if name in group and cls in group[name]["kernel_class"]:
+                levels[level] = _median_cv(group[name].sel(kernel_class=cls).to_numpy())
+            elif level != "gpustep":
+                levels[level] = None
+        out[cls] = levels
+    return out
 
 
 def unit_effects(posterior: xr.DataTree, level: str) -> pd.DataFrame:
