@@ -262,6 +262,12 @@ def test_several_sources_share_nodes_and_add_their_own_class(small_table):
     assert prepared.coords["collective"] == ["allreduce"]
     # the p = 16 groups exceed the 8 GPUs a node of that run has at most ... (1 here): inter
     assert prepared.data["coll_observed_tiers"].tolist() == [[False, True]]
+    # a GPU timed by the benchmark and by traced kernels is two units under its one node
+    gpus = prepared.coords["gpu_unit"]
+    assert {"n00/0", "n00/0/benchmark", "n99/0/benchmark"} <= set(gpus)
+    assert "n99/0" not in gpus and len(gpus) == 16 + 2 * 4 + 4
+    node_of = dict(zip(gpus, prepared.data["node_of_gpu"], strict=True))
+    assert node_of["n00/0"] == node_of["n00/0/benchmark"] == 0
     model = build(prepared, ModelSpec())
     assert model.named_vars_to_dims["node_effect"] == ("node",)
     assert model.named_vars_to_dims["coll_bandwidth_gbps"] == ("collective", "tier")
