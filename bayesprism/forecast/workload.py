@@ -4,10 +4,10 @@
 ``inventory`` groups) and a :class:`~bayesprism.plan.ParallelPlan` into per-draw typical times:
 forward/backward compute per micro-batch, optimizer time, every collective's transfer time by
 the ring cost model of ``bayesprism.costs.collectives``, and the effective variability loadings that
-``bayesprism.composition`` samples from. NumPy only. What it reads from the fit is extracted
-once per posterior object into a :class:`PosteriorArrays` (:func:`posterior_arrays`, memoised
-while the object lives), so recomposing one posterior (placement search, sensitivity, what-if)
-costs no xarray selections.
+``bayesprism.forecast.composition`` samples from. NumPy only. What it reads from the fit is
+extracted into a :class:`PosteriorArrays` (:func:`posterior_arrays`), which callers that
+recompose one posterior (several plans, placement search, sensitivity, what-if) extract once
+and pass on (``arrays=``), so that recomposing costs no xarray selections.
 
 Scaling from the traced run to the target plan
 ----------------------------------------------
