@@ -110,3 +110,82 @@ def test_forecast_figures(summary, tmp_path):
 def test_custom_title_is_used(summary, tmp_path):
     path = plots.plot_breakdown(summary, tmp_path / "bd.png", title="Where <the> time goes")
     assert png_title(path) == "Where <the> time goes"
+
+
+# ------------------------------------------------------------------- legends never cover data
+def _dense(xy: np.ndarray, per_segment: int = 40) -> np.ndarray:
+    """Points along a polyline's segments (display coordinates), so that a segment crossing
+    a legend counts, not only its vertices."""
+    if len(xy) < 2:
+        return xy
+    t = np.linspace(0.0, 1.0, per_segment)[None, :, None]
+    return (xy[:-1, None, :] * (1.0 - t) + xy[1:, None, :] * t).reshape(-1, 2)
+
+
+def _points_under_legends(fig) -> list[str]:
+    """What a legend covers, in display coordinates once laid out as saved: lines (along their
+    segments) and markers, scatter points, filled bands (edges or interior) and bars."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = [leg for ax in fig.axes if (leg := ax.get_legend()) is not None] + list(
+        fig.legends)
+    covered = []
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        probes = np.array([[box.x0, box.y0], [box.x1, box.y1], [box.x0, box.y1],
+                           [box.x1, box.y0], [(box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2]])
+        for ax in fig.axes:
+            if not ax.get_visible():
+                continue
+            points, bands = [], 0
+            for line in ax.get_lines():
+                xy = np.asarray(line.get_xydata(), dtype=float)
+                # reference lines (axhline/axvline: two points in axes coordinates) are not data
+                if len(xy) <= 2 and line.get_marker() in ("None", None, ""):
+                    continue
+                xy = line.get_transform().transform(xy[np.isfinite(xy).all(axis=1)])
+                points.append(_dense(xy) if line.get_linestyle() not in ("None", "") else xy)
+            for coll in ax.collections:
+                offsets = np.asarray(coll.get_offsets(), dtype=float)
+                if offsets.size and len(offsets) > 1:
+                    points.append(coll.get_offset_transform().transform(offsets))
+                for path in coll.get_paths():
+                    shape = path.transformed(coll.get_transform())
+                    points.append(_dense(shape.vertices))
+                    bands += bool(shape.contains_points(probes).any())
+            inside = [p for p in points if len(p) and (
+                (p[:, 0] > box.x0) & (p[:, 0] < box.x1)
+                & (p[:, 1] > box.y0) & (p[:, 1] < box.y1)).any()]
+            bars = [patch for patch in ax.patches
+                    if patch.get_window_extent(renderer).overlaps(box)]
+            if inside or bands or bars:
+                covered.append(f"{ax.get_title() or ax.get_ylabel()}: {len(inside)} lines or "
+                               f"point sets, {bands} bands, {len(bars)} bars")
+    return covered
+
+
+def test_legends_never_cover_data(fit_and_report, summary, tmp_path, monkeypatch):
+    """Issue 19: every figure of the report, laid out as saved, keeps its legends off the
+    plotted points, bands and bars."""
+    saved = {}
+    save = plots._save
+
+    def capture(fig, path, title):
+        saved[title] = _points_under_legends(fig)
+        return save(fig, path, title)
+
+    monkeypatch.setattr(plots, "_save", capture)
+    fit, report = fit_and_report
+    draws = worst_draws(fit, report, k=3)
+    plots.plot_trace(draws, tmp_path / "trace.png")
+    plots.plot_rank(draws, tmp_path / "rank.png")
+    plots.plot_variance_components(report.variance_components, tmp_path / "v.png")
+    plots.plot_ppc(report.ppc_values, report.ppc, tmp_path / "ppc.png")
+    plots.plot_unit_effects(report.unit_effects["node"], tmp_path / "n.png")
+    plots.plot_unit_effects(report.unit_effects["gpu"], tmp_path / "g.png", level="gpu")
+    plots.plot_forecast_fan(summary, tmp_path / "fan.png")
+    plots.plot_slowdown(summary, tmp_path / "slow.png")
+    plots.plot_breakdown(summary, tmp_path / "bd.png")
+    plots.plot_answer(summary, tmp_path / "answer.png")
+    assert len(saved) == 10
+    assert {title: covered for title, covered in saved.items() if covered} == {}
