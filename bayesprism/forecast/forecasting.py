@@ -162,11 +162,6 @@ def training_time_draws(
     return steps * mean + np.sqrt(steps) * sd * z
 
 
-def _thin(posterior: xr.DataTree, draws: int | None) -> xr.DataTree:
-
-    return thin_draws(posterior, draws)
-
-
 def forecast(
     posterior: xr.DataTree,
     plans: ParallelPlan | Sequence[ParallelPlan],
@@ -229,7 +224,7 @@ def forecast(
         raise InputError(Problem("arguments", "deadlines_s", "finish probabilities need steps"))
     baselines = _per_plan(baseline_s, len(plans), "baseline_s")
     check_plans_for_model(posterior, plans, cluster)
-    thinned = _thin(posterior, draws)
+    thinned = thin_draws(posterior, draws)
 
     iterator = plans
     if progress:
@@ -363,8 +358,14 @@ def _quantiles(values: np.ndarray) -> dict:
     return out
 
 
-def _threshold_key(x: float) -> str:
-    """``1.05 -> "1.05"``, ``1.1 -> "1.10"`` (two decimals unless more are needed)."""
+def threshold_key(x: float) -> str:
+    """The JSON key of a slowdown threshold: two decimals unless more are needed.
+
+    Examples
+    --------
+    >>> threshold_key(1.05), threshold_key(1.1), threshold_key(1.125)
+    ('1.05', '1.10', '1.125')
+    """
     return f"{x:.2f}" if abs(x * 100 - round(x * 100)) < 1e-9 else f"{x:g}"
 
 
@@ -395,7 +396,7 @@ def summarize_forecast(forecast_dt: xr.DataTree, *, include_draws: bool = False)
             entry["degraded_link_probability"] = float(one["degraded_link_probability"])
             entry["degraded_link"] = str(ds.attrs.get("degraded_link", "prior"))
         entry["slowdown_probability"] = {
-            _threshold_key(float(x)): float(p)
+            threshold_key(float(x)): float(p)
             for x, p in zip(ds["threshold"].to_numpy(), one["slowdown_probability"].to_numpy(),
                             strict=True)
         }

@@ -86,7 +86,7 @@ import xarray as xr
 from bayesprism.costs import collectives
 from bayesprism.errors import InputError, Problem
 from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
-from bayesprism.posterior import recorded_traced_plan
+from bayesprism.posterior import flat_draws, recorded_traced_plan
 from bayesprism.spec import DEFAULT_PRIORS, ModelSpec
 
 MICROBATCH_CLASSES = ("gemm", "attention", "elementwise", "norm", "memcpy", "other")
@@ -100,13 +100,6 @@ LEVELS = ("node", "gpu", "step", "gpustep")
 
 
 # ---------------------------------------------------------------------------- reading
-def flat_draws(da: xr.DataArray) -> np.ndarray:
-    """(chain, draw, ...) -> (chain*draw, ...) in chain-major order."""
-    rest = [d for d in da.dims if d not in ("chain", "draw")]
-    return da.transpose("chain", "draw", *rest).to_numpy().reshape(
-        -1, *[da.sizes[d] for d in rest])
-
-
 #: Posterior variables of the slow component of a ``mixture`` residual (docs/artifacts.md).
 RESID_SLOW_VARS = ("resid_slow_weight", "resid_slow_shift", "resid_slow_sd")
 
