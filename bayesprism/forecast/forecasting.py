@@ -212,6 +212,30 @@ def forecast(
     xarray.DataTree
         Root dataset with dims ``plan``, ``draw``, ``replicate`` (and ``threshold``,
         ``deadline``); plan fields are coordinates on ``plan``.
+
+    Examples
+    --------
+    A step-level fit whose parameters are the same in every draw stands in for one of
+    ``bayesprism.fit`` (which takes minutes; a real fit is read with ``bayesprism.load``):
+
+    >>> import numpy as np
+    >>> import xarray as xr
+    >>> from bayesprism.forecast.stepscale import PARAMETERS
+    >>> from bayesprism.plan import ParallelPlan
+    >>> values = (-3.0, 1.0, 1.0, 0.01, 1e-4, 0.02, 0.1, 0.003, 0.01, 0.005)
+    >>> posterior = xr.Dataset({k: (("chain", "draw"), np.full((2, 50), v))
+    ...                         for k, v in zip(PARAMETERS, values, strict=True)},
+    ...                        attrs={"model_kind": "step", "reference_work": 1.0,
+    ...                               "fitted_microbatches": "[4]"})
+    >>> fit = xr.DataTree.from_dict({"posterior": posterior})
+    >>> fit.attrs["model_kind"] = "step"
+    >>> plans = [ParallelPlan(name="dp8", dp=8, microbatches=4),
+    ...          ParallelPlan(name="dp64", dp=64, microbatches=4)]
+    >>> fc = forecast(fit, plans, steps=1000, draws=20, progress=False)
+    >>> dict(fc["step_time_s"].sizes)
+    {'plan': 2, 'draw': 20, 'replicate': 8}
+    >>> [round(float(x), 3) for x in fc["ideal_step_time_s"]]
+    [0.201, 0.21]
     """
     plans = _as_plans(plans)
     if not (isinstance(replicates, int) and replicates >= 1):
@@ -378,6 +402,27 @@ def summarize_forecast(forecast_dt: xr.DataTree, *, include_draws: bool = False)
     "exposed_comm", "bubble", "wait"}, "training_time_s": {...} (with steps),
     "finish_probability": {T: p} (with deadlines), "baseline_step_time_s" (the step P(slowdown)
     is measured against), "draws_s": [...] (include_draws)}]}``.
+
+    Examples
+    --------
+    On a forecast of a step-level fit with fixed parameters (as in :func:`forecast`):
+
+    >>> import numpy as np
+    >>> import xarray as xr
+    >>> from bayesprism.forecast.stepscale import PARAMETERS
+    >>> from bayesprism.plan import ParallelPlan
+    >>> fixed = dict(zip(PARAMETERS, (-3.0, 1.0, 1.0, 0.01, 1e-4, 0.02, 0.1, 0.003, 0.01, 0.005)))
+    >>> fit = xr.DataTree.from_dict({"posterior": xr.Dataset(
+    ...     {k: (("chain", "draw"), np.full((1, 10), v)) for k, v in fixed.items()},
+    ...     attrs={"model_kind": "step", "reference_work": 1.0, "fitted_microbatches": "[4]"})})
+    >>> fit.attrs["model_kind"] = "step"
+    >>> fc = forecast(fit, ParallelPlan(name="dp64", dp=64, microbatches=4), steps=1000,
+    ...               deadlines_s=[200.0, 250.0], progress=False)
+    >>> plan = summarize_forecast(fc)["plans"][0]
+    >>> plan["name"], plan["gpus"], round(plan["step_time_s"]["p50"], 2)
+    ('dp64', 64, 0.21)
+    >>> plan["slowdown_probability"], plan["finish_probability"]
+    ({'1.05': 0.0, '1.10': 0.0, '1.20': 0.0}, {'200': 0.0, '250': 1.0})
     """
     ds = forecast_dt.to_dataset() if isinstance(forecast_dt, xr.DataTree) else forecast_dt
     plans = []
