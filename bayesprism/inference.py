@@ -144,8 +144,10 @@ def _combined_table(tables: list[pd.DataFrame]) -> pd.DataFrame:
     return combined
 
 
-#: nutpie-compiled models of this process by (spec hash, input digest): refitting the same data
-#: with another seed or length skips the compile (the slowest part of a small fit).
+#: nutpie-compiled models of this process by (spec hash, input digest, backend): refitting the
+#: same data with another seed or length skips the compile (the slowest part of a small fit).
+#: The package's one module-level mutable state, bounded; why it is not an ``lru_cache`` or a
+#: caller-owned object: docs/architecture.md ("Layer rule").
 _COMPILED: dict[tuple[str, ...], object] = {}
 _COMPILED_MAX = 4
 

@@ -23,7 +23,7 @@ import xarray as xr
 from bayesprism.errors import InputError, Problem
 from bayesprism.forecast.composition import compose
 from bayesprism.forecast.draws import StepDraws
-from bayesprism.forecast.forecasting import _threshold_key as threshold_key
+from bayesprism.forecast.forecasting import threshold_key
 
 #: Slowdown thresholds reported by default, as ratios: P(step time > x × ideal step time).
 THRESHOLDS: tuple[float, ...] = (1.05, 1.10)
@@ -31,7 +31,7 @@ THRESHOLDS: tuple[float, ...] = (1.05, 1.10)
 __all__ = [
     "THRESHOLDS", "PerDraw", "check_kernel_posterior", "compose_with_seed", "estimate",
     "reduction", "scale_variable", "shift_variable", "slowdown_ratios", "summary",
-    "threshold_key", "zero_reduction",
+    "zero_reduction",
 ]
 
 

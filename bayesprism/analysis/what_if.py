@@ -25,9 +25,9 @@ from bayesprism.analysis.counterfactual import (
     shift_variable,
     slowdown_ratios,
     summary,
-    threshold_key,
 )
 from bayesprism.errors import InputError, Problem
+from bayesprism.forecast.forecasting import threshold_key
 from bayesprism.forecast.slots import cluster_nodes, drained_cluster, rank_nodes, with_nodes
 from bayesprism.forecast.workload import collective_model_classes
 from bayesprism.posterior import posterior_group, thin_draws, with_posterior_group

@@ -21,10 +21,10 @@ from bayesprism.forecast.composition import DEFAULT_MAX_SLOWDOWN
 from bayesprism.forecast.population import draw_effects
 from bayesprism.forecast.workload import (
     fitted_step_weights,
-    flat_draws,
     has_resid_slow,
     stretched_slow_sd,
 )
+from bayesprism.posterior import flat_draws
 from bayesprism.schema import signature_as_kernel
 
 __all__ = ["predict_rows"]

@@ -81,8 +81,10 @@ a ``PlanWarning`` names the share and the level whose largest unit is typically 
 
 Exact path and fast path
 ------------------------
-The exact path simulates every rank (used up to :data:`EXACT_MAX_GPUS` GPUs by default); it
-draws each posterior draw's cluster once and keeps it over the replicates. The fast path
+The exact path simulates every rank (used up to
+:data:`~bayesprism.forecast.slots.EXACT_MAX_GPUS` GPUs by default; the rule is
+:func:`~bayesprism.forecast.slots.composition_path`); it draws each posterior draw's cluster
+once and keeps it over the replicates. The fast path
 never draws all ranks: the :data:`TOP_REPLICAS` slowest nodes are sampled as order statistics
 of the N new nodes by inverse CDF of ``F^N`` (``bayesprism.forecast.extremes``; their law holds the
 GPU×step episode mixture, so every GPU-step of the cluster may bring an episode), land on
@@ -141,6 +143,7 @@ from bayesprism.forecast.population import (
     population_quantile,
 )
 from bayesprism.forecast.schedules import Schedule, build_schedule, pipeline_finish
+from bayesprism.forecast.slots import composition_path
 from bayesprism.forecast.stepscale import compose_steps
 from bayesprism.forecast.workload import (
     PlanModel,
@@ -151,7 +154,6 @@ from bayesprism.forecast.workload import (
 from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
 from bayesprism.posterior import flat_draws
 
-EXACT_MAX_GPUS = 2048
 #: Default bound on a rank's slowdown: its compute multiplier ``exp(T)`` is capped at this.
 DEFAULT_MAX_SLOWDOWN = 20.0
 #: Share of posterior draws in which the cap binds above which ``compose`` warns.
@@ -682,8 +684,9 @@ def compose(
         GPUs per node, link-tier overrides and measured nodes to use.
     exact
         Simulate every rank (True), use the order-statistics fast path (False) or decide by
-        scale (None: exact up to :data:`EXACT_MAX_GPUS` GPUs). Measured nodes listed by the
-        cluster always take the exact path, which keeps their positions (``False`` then
+        scale (None: exact up to :data:`~bayesprism.forecast.slots.EXACT_MAX_GPUS` GPUs), as
+        :func:`~bayesprism.forecast.slots.composition_path` decides. Measured nodes listed by
+        the cluster always take the exact path, which keeps their positions (``False`` then
         warns).
     max_slowdown
         Largest multiplier of a rank's compute time (> 1); a rank's log-multiplier is capped
@@ -714,17 +717,14 @@ def compose(
     schedule = _schedule_for(model, typical_model)
     streams = _Streams.from_generator(rng)
     shared = _draw_shared(model, replicates, streams.shared, streams.fabric)
-    use_exact = plan.gpus <= EXACT_MAX_GPUS if exact is None else bool(exact)
-    n_nodes = math.ceil(plan.gpus / model.gpus_per_node)
-    if not use_exact and cluster is not None and cluster.nodes[:n_nodes]:
-        if exact is False:
-            warnings.warn(
-                f"{plan.name}: the fast path cannot keep measured node positions; "
-                "composed exactly (every rank simulated)",
-                PlanWarning,
-                stacklevel=2,
-            )
-        use_exact = True
+    use_exact = composition_path(plan, cluster, exact) == "exact"
+    if use_exact and exact is False:
+        warnings.warn(
+            f"{plan.name}: the fast path cannot keep measured node positions; "
+            "composed exactly (every rank simulated)",
+            PlanWarning,
+            stacklevel=2,
+        )
     if use_exact:
         finish, mean_mult, max_mult, capped = _exact(
             model, posterior, cluster, schedule, shared, replicates, streams, log_cap)

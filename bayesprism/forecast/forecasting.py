@@ -162,11 +162,6 @@ def training_time_draws(
     return steps * mean + np.sqrt(steps) * sd * z
 
 
-def _thin(posterior: xr.DataTree, draws: int | None) -> xr.DataTree:
-
-    return thin_draws(posterior, draws)
-
-
 def forecast(
     posterior: xr.DataTree,
     plans: ParallelPlan | Sequence[ParallelPlan],
@@ -217,6 +212,30 @@ def forecast(
     xarray.DataTree
         Root dataset with dims ``plan``, ``draw``, ``replicate`` (and ``threshold``,
         ``deadline``); plan fields are coordinates on ``plan``.
+
+    Examples
+    --------
+    A step-level fit whose parameters are the same in every draw stands in for one of
+    ``bayesprism.fit`` (which takes minutes; a real fit is read with ``bayesprism.load``):
+
+    >>> import numpy as np
+    >>> import xarray as xr
+    >>> from bayesprism.forecast.stepscale import PARAMETERS
+    >>> from bayesprism.plan import ParallelPlan
+    >>> values = (-3.0, 1.0, 1.0, 0.01, 1e-4, 0.02, 0.1, 0.003, 0.01, 0.005)
+    >>> posterior = xr.Dataset({k: (("chain", "draw"), np.full((2, 50), v))
+    ...                         for k, v in zip(PARAMETERS, values, strict=True)},
+    ...                        attrs={"model_kind": "step", "reference_work": 1.0,
+    ...                               "fitted_microbatches": "[4]"})
+    >>> fit = xr.DataTree.from_dict({"posterior": posterior})
+    >>> fit.attrs["model_kind"] = "step"
+    >>> plans = [ParallelPlan(name="dp8", dp=8, microbatches=4),
+    ...          ParallelPlan(name="dp64", dp=64, microbatches=4)]
+    >>> fc = forecast(fit, plans, steps=1000, draws=20, progress=False)
+    >>> dict(fc["step_time_s"].sizes)
+    {'plan': 2, 'draw': 20, 'replicate': 8}
+    >>> [round(float(x), 3) for x in fc["ideal_step_time_s"]]
+    [0.201, 0.21]
     """
     plans = _as_plans(plans)
     if not (isinstance(replicates, int) and replicates >= 1):
@@ -229,7 +248,7 @@ def forecast(
         raise InputError(Problem("arguments", "deadlines_s", "finish probabilities need steps"))
     baselines = _per_plan(baseline_s, len(plans), "baseline_s")
     check_plans_for_model(posterior, plans, cluster)
-    thinned = _thin(posterior, draws)
+    thinned = thin_draws(posterior, draws)
 
     iterator = plans
     if progress:
@@ -363,8 +382,14 @@ def _quantiles(values: np.ndarray) -> dict:
     return out
 
 
-def _threshold_key(x: float) -> str:
-    """``1.05 -> "1.05"``, ``1.1 -> "1.10"`` (two decimals unless more are needed)."""
+def threshold_key(x: float) -> str:
+    """The JSON key of a slowdown threshold: two decimals unless more are needed.
+
+    Examples
+    --------
+    >>> threshold_key(1.05), threshold_key(1.1), threshold_key(1.125)
+    ('1.05', '1.10', '1.125')
+    """
     return f"{x:.2f}" if abs(x * 100 - round(x * 100)) < 1e-9 else f"{x:g}"
 
 
@@ -377,6 +402,27 @@ def summarize_forecast(forecast_dt: xr.DataTree, *, include_draws: bool = False)
     "exposed_comm", "bubble", "wait"}, "training_time_s": {...} (with steps),
     "finish_probability": {T: p} (with deadlines), "baseline_step_time_s" (the step P(slowdown)
     is measured against), "draws_s": [...] (include_draws)}]}``.
+
+    Examples
+    --------
+    On a forecast of a step-level fit with fixed parameters (as in :func:`forecast`):
+
+    >>> import numpy as np
+    >>> import xarray as xr
+    >>> from bayesprism.forecast.stepscale import PARAMETERS
+    >>> from bayesprism.plan import ParallelPlan
+    >>> fixed = dict(zip(PARAMETERS, (-3.0, 1.0, 1.0, 0.01, 1e-4, 0.02, 0.1, 0.003, 0.01, 0.005)))
+    >>> fit = xr.DataTree.from_dict({"posterior": xr.Dataset(
+    ...     {k: (("chain", "draw"), np.full((1, 10), v)) for k, v in fixed.items()},
+    ...     attrs={"model_kind": "step", "reference_work": 1.0, "fitted_microbatches": "[4]"})})
+    >>> fit.attrs["model_kind"] = "step"
+    >>> fc = forecast(fit, ParallelPlan(name="dp64", dp=64, microbatches=4), steps=1000,
+    ...               deadlines_s=[200.0, 250.0], progress=False)
+    >>> plan = summarize_forecast(fc)["plans"][0]
+    >>> plan["name"], plan["gpus"], round(plan["step_time_s"]["p50"], 2)
+    ('dp64', 64, 0.21)
+    >>> plan["slowdown_probability"], plan["finish_probability"]
+    ({'1.05': 0.0, '1.10': 0.0, '1.20': 0.0}, {'200': 0.0, '250': 1.0})
     """
     ds = forecast_dt.to_dataset() if isinstance(forecast_dt, xr.DataTree) else forecast_dt
     plans = []
@@ -395,7 +441,7 @@ def summarize_forecast(forecast_dt: xr.DataTree, *, include_draws: bool = False)
             entry["degraded_link_probability"] = float(one["degraded_link_probability"])
             entry["degraded_link"] = str(ds.attrs.get("degraded_link", "prior"))
         entry["slowdown_probability"] = {
-            _threshold_key(float(x)): float(p)
+            threshold_key(float(x)): float(p)
             for x, p in zip(ds["threshold"].to_numpy(), one["slowdown_probability"].to_numpy(),
                             strict=True)
         }

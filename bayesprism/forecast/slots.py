@@ -18,9 +18,12 @@ import numpy as np
 import xarray as xr
 
 from bayesprism.errors import InputError, PlanError, Problem
-from bayesprism.forecast.composition import EXACT_MAX_GPUS
 from bayesprism.plan import Cluster
 from bayesprism.posterior import posterior_group
+
+#: Largest plan (in GPUs) :func:`bayesprism.forecast.composition.compose` simulates rank by
+#: rank when not told which path to take (:func:`composition_path`).
+EXACT_MAX_GPUS = 2048
 
 # --------------------------------------------------------------------------- plan geometry
 
@@ -133,7 +136,7 @@ def composition_path(plan, cluster=None, exact: bool | None = None) -> str:
     """The path :func:`bayesprism.forecast.composition.compose` takes: ``"exact"`` or ``"fast"``.
 
     By scale when ``exact`` is None (exact up to
-    :data:`~bayesprism.forecast.composition.EXACT_MAX_GPUS` GPUs), else as asked; a cluster
+    :data:`EXACT_MAX_GPUS` GPUs), else as asked; a cluster
     listing measured nodes for the plan's node slots always takes the exact path, which keeps
     their positions.
 

@@ -74,7 +74,6 @@ residual of sd ``s = resid_scale``, the closed-form mixture of two lognormals fo
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import warnings
@@ -86,7 +85,7 @@ import xarray as xr
 from bayesprism.costs import collectives
 from bayesprism.errors import InputError, Problem
 from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
-from bayesprism.posterior import recorded_traced_plan
+from bayesprism.posterior import flat_draws, recorded_traced_plan
 from bayesprism.spec import DEFAULT_PRIORS, ModelSpec
 
 MICROBATCH_CLASSES = ("gemm", "attention", "elementwise", "norm", "memcpy", "other")
@@ -100,13 +99,6 @@ LEVELS = ("node", "gpu", "step", "gpustep")
 
 
 # ---------------------------------------------------------------------------- reading
-def flat_draws(da: xr.DataArray) -> np.ndarray:
-    """(chain, draw, ...) -> (chain*draw, ...) in chain-major order."""
-    rest = [d for d in da.dims if d not in ("chain", "draw")]
-    return da.transpose("chain", "draw", *rest).to_numpy().reshape(
-        -1, *[da.sizes[d] for d in rest])
-
-
 #: Posterior variables of the slow component of a ``mixture`` residual (docs/artifacts.md).
 RESID_SLOW_VARS = ("resid_slow_weight", "resid_slow_shift", "resid_slow_sd")
 
@@ -658,168 +650,25 @@ def build_plan_model(
     With ``typical=True`` a single "draw" is built from the posterior medians with every
     variability scale set to zero: the plan's variability-free step. ``arrays``: the
     posterior's :func:`posterior_arrays`, when the caller already has them.
+
+    Steps: the GPUs per node (:func:`_gpus_per_node`); the inventory's kernels summed onto the
+    target's ranks (:func:`_kernel_sums`: compute work, replayed and fallback collectives);
+    the work-weighted loadings and residual law (:func:`_effective_residual`); the collectives
+    the cost model prices (:func:`_cost_model_specs`, :func:`_comm_terms`); per-stage compute
+    (:func:`_stage_compute`).
     """
     arrays = posterior_arrays(posterior) if arrays is None else arrays
-    traced = arrays.traced
-    gpn = cluster.gpus_per_node if cluster is not None else plan.gpus_per_node
-    if cluster is not None and cluster.gpus_per_node != plan.gpus_per_node:
-        warnings.warn(
-            f"{plan.name}: cluster gpus_per_node = {cluster.gpus_per_node} overrides "
-            f"the plan's {plan.gpus_per_node}",
-            PlanWarning,
-            stacklevel=3,
-        )
-
-    def per_draw(values: np.ndarray) -> np.ndarray:
-        return np.median(values, axis=0, keepdims=True) if typical else values
-
-    kernels, classes, roles = arrays.kernels, arrays.classes, arrays.roles
-    launches = arrays.launches
-    modelled = arrays.modelled
-    median_kernels = arrays.log_median
-    draws = 1 if typical else arrays.draws
-
-    def class_scale(level: str, cls: str) -> np.ndarray:
-        values = arrays.class_scale.get((level, cls))
-        if typical or values is None:
-            return np.zeros(draws)
-        return values
-
-    @functools.cache  # per class, not per kernel
-    def resid_moments(cls: str) -> tuple[np.ndarray, np.ndarray]:
-        # typical: no variability at all, the slow component included
-        slow = None if typical else arrays.resid_slow.get(cls)
-        step_noise = None if typical else arrays.step_noise
-        return residual_moments(class_scale("resid", cls), slow, step_noise, arrays.step_weights)
-
-    tp0, pp0, cp0, m0 = traced["tp"], traced["pp"], traced["cp"], traced["microbatches"]
-    tp, pp, cp, m = plan.tp, plan.pp, plan.cp, plan.microbatches
-    shard = plan.dp * plan.cp if plan.sharding != "none" else 1
-    shard0 = traced["dp"] * traced["cp"] if traced["sharding"] != "none" else 1
-    microbatch_factor = tp0 * cp0 * pp0 / (m0 * tp * cp * pp)
-    per_mb_launch_factor = pp0 / (m0 * pp)
-    duration_factor = tp0 * cp0 / (tp * cp)
-
-    fwd_bwd = np.zeros(draws)
-    opt = np.zeros(draws)
-    # per traced stage when the target keeps the traced model-parallel layout: stages differ
-    # (the first runs the embedding, the last the output layer and the loss)
-    stage_launches = arrays.stage_launches
-    by_stage = (stage_launches is not None and stage_launches.shape[1] == pp
-                and (tp, pp, cp) == (tp0, pp0, cp0))
-    fwd_bwd_stage = np.zeros((draws, pp))
-    opt_stage = np.zeros((draws, pp))
-    # fixed-group collectives replayed from their fitted per-signature transfer
-    replayed: set[str] = set()
-    # (class, total per step, the stage whose own traffic it is or None for every stage)
-    replayed_stage: list[tuple[str, np.ndarray, int | None]] = []
-    replayed_p2p: list[np.ndarray] = []
-    # work-weighted sums for the effective loadings and the residual moments
-    weight_sum = np.zeros(draws)
-    loading_sums = {level: np.zeros(draws) for level in LEVELS}
-    mean_inflation = np.zeros(draws)
-    var_sum = np.zeros(draws)
-    fallback: list[tuple[str, np.ndarray]] = []
-    skipped: list[str] = []
-    fallback_names: list[str] = []
-    comm_specs: list[CommSpec] = []
-
-    for k, (name, cls, role) in enumerate(zip(kernels, classes, roles, strict=True)):
-        is_coll = cls in collectives.COLLECTIVE_CLASSES
-        if (is_coll and role in REPLAYED_ROLES and name in median_kernels
-                and getattr(plan, role) == traced[role] and cp == cp0
-                and (role != "pp" or pp == pp0)):
-            typical_us = np.exp(per_draw(median_kernels[name])) * resid_moments(cls)[0]
-            count = m * per_mb_launch_factor
-            if by_stage:
-                # each stage's own launches (the last stage runs more TP collectives; its
-                # pipeline transfers occupy its stream once per micro-batch, and the
-                # bottleneck stage's occupancy is what the steady state pays)
-                replayed_stage.extend((cls, stage_launches[k, s] * count * typical_us, s)
-                                      for s in range(pp))
-            elif role == "pp":
-                replayed_p2p.append(typical_us)  # one transfer between neighbouring stages
-            else:
-                replayed_stage.append((cls, launches[k] * count * typical_us, None))
-            replayed.add(role)
-            continue
-        if is_coll and cls in modelled and role in (*COMM_ROLES, "global"):
-            continue  # handled with the cost model below
-        if name not in median_kernels:
-            skipped.append(name)
-            continue
-        typical_us = np.exp(per_draw(median_kernels[name]))
-        if is_coll:
-            count = launches[k] * (1.0 if role == "dp" else m * per_mb_launch_factor)
-            # a role's collectives vanish when the target drops a parallelism the trace had
-            if role in ("tp", "cp", "ep", "pp") and getattr(plan, role) == 1 and traced[role] > 1:
-                continue
-            inflation = resid_moments(cls)[0]
-            fallback.append((cls, count * typical_us * inflation))
-            fallback_names.append(str(name))
-            continue
-        # the step's tail (optimizer step on the rank's parameter shard) and the micro-batches
-        tail = float(arrays.tail_share[k])
-        tail_dur = typical_us * tp0 * pp0 / (tp * pp) * shard0 / shard
-        tail_n = launches[k] * tail
-        mb_n = launches[k] * (1.0 - tail) * m * per_mb_launch_factor
-        opt = opt + tail_n * tail_dur
-        fwd_bwd = fwd_bwd + launches[k] * (1.0 - tail) * typical_us * microbatch_factor
-        if by_stage:
-            opt_stage += np.outer(tail_dur, stage_launches[k] * tail)
-            fwd_bwd_stage += np.outer(typical_us * microbatch_factor,
-                                      stage_launches[k] * (1.0 - tail))
-        n_step = tail_n + mb_n
-        work = tail_n * tail_dur + mb_n * typical_us * duration_factor
-        factor_mean, factor_var = resid_moments(cls)
-        weight_sum += work
-        for level in LEVELS:
-            loading_sums[level] += work * class_scale(level, cls)
-        mean_inflation += work * factor_mean
-        if n_step > 0:
-            var_sum += work**2 / n_step * factor_var
-    same_layout = all(getattr(plan, k) == traced[k] for k in ("dp", "tp", "pp", "cp", "ep"))
-    if fallback_names and not same_layout and not typical:
-        warnings.warn(
-            f"{plan.name}: {len(fallback_names)} collective kernels have no cost model or no "
-            f"parallel role (group size/bytes unknown) and keep their traced duration at the "
-            f"traced group size, e.g. {fallback_names[0]!r}: their growth with the plan is "
-            "not forecast",
-            PlanWarning,
-            stacklevel=3,
-        )
-    if skipped:
-        warnings.warn(
-            f"{len(skipped)} inventory kernels have no kernel_log_median in the "
-            f"posterior and were left out, e.g. {skipped[0]!r}",
-            PlanWarning,
-            stacklevel=3,
-        )
-    safe = np.where(weight_sum > 0, weight_sum, 1.0)
-    loading = {level: loading_sums[level] / safe for level in LEVELS}
-    inflation = np.where(weight_sum > 0, mean_inflation / safe, 1.0)
-    rel_var = np.where(weight_sum > 0, var_sum / np.maximum(mean_inflation, 1e-300) ** 2, 0.0)
-    s2 = np.log1p(rel_var)
-    resid_mu = np.log(inflation) - 0.5 * s2
-    resid_sd = np.sqrt(s2)
-
-    comm_specs.extend(_cost_model_specs(arrays, plan, gpn, replayed, by_stage, fallback_names))
-
+    gpn = _gpus_per_node(plan, cluster)
+    reading = _Reading(arrays, typical)
+    scaling = _Scaling.of(arrays.traced, plan, arrays.stage_launches)
+    sums = _kernel_sums(reading, plan, scaling)
+    _warn_left_out(plan, arrays.traced, sums, typical)
+    loading, resid_mu, resid_sd = _effective_residual(sums)
+    specs = _cost_model_specs(arrays, plan, gpn, sums.replayed, scaling.by_stage,
+                              sums.fallback_names)
+    comms = _comm_terms(reading, specs, sums, cluster)
+    fwd_bwd_stage, opt = _stage_compute(sums, scaling.by_stage, plan.pp)
     law = arrays.idle
-    idle_var = np.zeros((draws, len(law.roles))) if typical else law.var
-    comms = [_comm_term(arrays, spec, per_draw, typical, cluster) for spec in comm_specs]
-    zeros = np.zeros(draws)
-    for cls, det in fallback:
-        comms.append(CommTerm(cls, "fallback", det, zeros, zeros, zeros))
-    for cls, det, stage in replayed_stage:
-        comms.append(CommTerm(cls, "stage", det, zeros, zeros, zeros, stage))
-    if replayed_p2p:
-        comms.append(CommTerm("sendrecv", "p2p", np.mean(replayed_p2p, axis=0), zeros, zeros,
-                              zeros))
-    if by_stage:
-        fwd_bwd_stage, opt = fwd_bwd_stage, opt_stage.max(axis=1)
-    else:
-        fwd_bwd_stage = np.repeat(fwd_bwd[:, None], pp, axis=1)
     return PlanModel(
         plan=plan,
         gpus_per_node=gpn,
@@ -830,13 +679,272 @@ def build_plan_model(
         resid_mu=resid_mu,
         resid_sd=resid_sd,
         comms=comms,
-        idle_mean=per_draw(law.mean),
-        idle_var=idle_var,
+        idle_mean=reading.per_draw(law.mean),
+        idle_var=np.zeros((reading.draws, len(law.roles))) if typical else law.var,
         idle_group=np.array([sync_group(plan, role) for role in law.roles], dtype=np.int64),
         gpustep_slow=None if typical else arrays.gpustep_slow,
         degraded_prob=(None if typical or arrays.degraded_link is None else
                        1.0 - (1.0 - arrays.degraded_link[0]) ** math.ceil(plan.gpus / gpn)),
     )
+
+
+def _gpus_per_node(plan: ParallelPlan, cluster: Cluster | None) -> int:
+    """The cluster's GPUs per node when given (warning when it overrides the plan's)."""
+    gpn = cluster.gpus_per_node if cluster is not None else plan.gpus_per_node
+    if cluster is not None and cluster.gpus_per_node != plan.gpus_per_node:
+        warnings.warn(
+            f"{plan.name}: cluster gpus_per_node = {cluster.gpus_per_node} overrides "
+            f"the plan's {plan.gpus_per_node}",
+            PlanWarning,
+            stacklevel=4,  # the caller of compose (build_plan_model's caller's caller)
+        )
+    return gpn
+
+
+class _Reading:
+    """How :func:`build_plan_model` reads the posterior arrays: every draw, or (``typical``)
+    one "draw" of the posterior medians with every variability scale zero."""
+
+    def __init__(self, arrays: PosteriorArrays, typical: bool):
+        self.arrays = arrays
+        self.typical = typical
+        self.draws = 1 if typical else arrays.draws
+        self._moments: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def per_draw(self, values: np.ndarray) -> np.ndarray:
+        return np.median(values, axis=0, keepdims=True) if self.typical else values
+
+    def class_scale(self, level: str, cls: str) -> np.ndarray:
+        values = self.arrays.class_scale.get((level, cls))
+        if self.typical or values is None:
+            return np.zeros(self.draws)
+        return values
+
+    def resid_moments(self, cls: str) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and variance of the class's residual factor (computed once per class)."""
+        if cls not in self._moments:
+            # typical: no variability at all, the slow component included
+            slow = None if self.typical else self.arrays.resid_slow.get(cls)
+            step_noise = None if self.typical else self.arrays.step_noise
+            self._moments[cls] = residual_moments(self.class_scale("resid", cls), slow,
+                                                  step_noise, self.arrays.step_weights)
+        return self._moments[cls]
+
+
+@dataclass(frozen=True)
+class _Scaling:
+    """The traced plan's and the target plan's degrees that rescale a traced kernel."""
+
+    traced: dict
+    plan: ParallelPlan
+    shard: int  # ranks the optimizer state is sharded over, in the target and in the trace
+    shard0: int
+    microbatch_factor: float  # a kernel's forward/backward time per micro-batch, relative
+    per_mb_launch_factor: float  # traced launches per step -> per target micro-batch
+    duration_factor: float
+    # per traced stage when the target keeps the traced model-parallel layout: stages differ
+    # (the first runs the embedding, the last the output layer and the loss)
+    by_stage: bool
+
+    @classmethod
+    def of(cls, traced: dict, plan: ParallelPlan, stage_launches: np.ndarray | None) -> _Scaling:
+        tp0, pp0, cp0, m0 = traced["tp"], traced["pp"], traced["cp"], traced["microbatches"]
+        tp, pp, cp = plan.tp, plan.pp, plan.cp
+        return cls(
+            traced=traced,
+            plan=plan,
+            shard=plan.dp * plan.cp if plan.sharding != "none" else 1,
+            shard0=traced["dp"] * traced["cp"] if traced["sharding"] != "none" else 1,
+            microbatch_factor=tp0 * cp0 * pp0 / (m0 * tp * cp * pp),
+            per_mb_launch_factor=pp0 / (m0 * pp),
+            duration_factor=tp0 * cp0 / (tp * cp),
+            by_stage=(stage_launches is not None and stage_launches.shape[1] == pp
+                      and (tp, pp, cp) == (tp0, pp0, cp0)),
+        )
+
+    def replays(self, role: str) -> bool:
+        """Whether a fixed-group collective of ``role`` keeps its traced transfer."""
+        plan, traced = self.plan, self.traced
+        return (role in REPLAYED_ROLES and getattr(plan, role) == traced[role]
+                and plan.cp == traced["cp"] and (role != "pp" or plan.pp == traced["pp"]))
+
+
+@dataclass
+class _KernelSums:
+    """What :func:`_kernel_sums` gathers over the inventory's kernels (arrays of length D)."""
+
+    fwd_bwd: np.ndarray  # (D,) forward + backward per micro-batch
+    opt: np.ndarray  # (D,) the step's tail (optimizer)
+    fwd_bwd_stage: np.ndarray  # (D, pp) the same per traced stage (when by stage)
+    opt_stage: np.ndarray
+    # work-weighted sums for the effective loadings and the residual moments
+    weight_sum: np.ndarray
+    loading_sums: dict[str, np.ndarray]
+    mean_inflation: np.ndarray
+    var_sum: np.ndarray
+    # fixed-group collectives replayed from their fitted per-signature transfer: their roles,
+    # (class, total per step, the stage whose own traffic it is or None for every stage) and
+    # the pipeline transfers
+    replayed: set[str] = field(default_factory=set)
+    replayed_stage: list[tuple[str, np.ndarray, int | None]] = field(default_factory=list)
+    replayed_p2p: list[np.ndarray] = field(default_factory=list)
+    # collectives keeping their traced duration (class, total per step), and their names
+    fallback: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    fallback_names: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # kernels without a fitted median
+
+    @classmethod
+    def zeros(cls, draws: int, pp: int) -> _KernelSums:
+        return cls(fwd_bwd=np.zeros(draws), opt=np.zeros(draws),
+                   fwd_bwd_stage=np.zeros((draws, pp)), opt_stage=np.zeros((draws, pp)),
+                   weight_sum=np.zeros(draws),
+                   loading_sums={level: np.zeros(draws) for level in LEVELS},
+                   mean_inflation=np.zeros(draws), var_sum=np.zeros(draws))
+
+
+def _kernel_sums(reading: _Reading, plan: ParallelPlan, scaling: _Scaling) -> _KernelSums:
+    """Every inventory kernel on the target's ranks: replayed collectives, collectives left to
+    the cost model, fallback collectives, compute kernels (and those without a median)."""
+    arrays = reading.arrays
+    sums = _KernelSums.zeros(reading.draws, plan.pp)
+    for k, (name, cls, role) in enumerate(
+            zip(arrays.kernels, arrays.classes, arrays.roles, strict=True)):
+        is_coll = cls in collectives.COLLECTIVE_CLASSES
+        if is_coll and name in arrays.log_median and scaling.replays(role):
+            _add_replayed(sums, reading, scaling, k, name, cls, role)
+        elif is_coll and cls in arrays.modelled and role in (*COMM_ROLES, "global"):
+            continue  # handled with the cost model (_cost_model_specs)
+        elif name not in arrays.log_median:
+            sums.skipped.append(name)
+        elif is_coll:
+            _add_fallback(sums, reading, scaling, k, name, cls, role)
+        else:
+            _add_compute(sums, reading, scaling, k, name, cls)
+    return sums
+
+
+def _add_replayed(sums: _KernelSums, reading: _Reading, scaling: _Scaling, k: int, name: str,
+                  cls: str, role: str) -> None:
+    """A fixed-group collective at its fitted per-signature transfer."""
+    typical_us = np.exp(reading.per_draw(reading.arrays.log_median[name]))
+    typical_us = typical_us * reading.resid_moments(cls)[0]
+    count = scaling.plan.microbatches * scaling.per_mb_launch_factor
+    stage_launches = reading.arrays.stage_launches
+    if scaling.by_stage:
+        # each stage's own launches (the last stage runs more TP collectives; its pipeline
+        # transfers occupy its stream once per micro-batch, and the bottleneck stage's
+        # occupancy is what the steady state pays)
+        sums.replayed_stage.extend((cls, stage_launches[k, s] * count * typical_us, s)
+                                   for s in range(scaling.plan.pp))
+    elif role == "pp":
+        sums.replayed_p2p.append(typical_us)  # one transfer between neighbouring stages
+    else:
+        sums.replayed_stage.append((cls, reading.arrays.launches[k] * count * typical_us, None))
+    sums.replayed.add(role)
+
+
+def _add_fallback(sums: _KernelSums, reading: _Reading, scaling: _Scaling, k: int, name: str,
+                  cls: str, role: str) -> None:
+    """A collective without cost model or role: its traced duration at the traced group size."""
+    plan, traced = scaling.plan, scaling.traced
+    # a role's collectives vanish when the target drops a parallelism the trace had
+    if role in ("tp", "cp", "ep", "pp") and getattr(plan, role) == 1 and traced[role] > 1:
+        return
+    typical_us = np.exp(reading.per_draw(reading.arrays.log_median[name]))
+    count = reading.arrays.launches[k] * (
+        1.0 if role == "dp" else plan.microbatches * scaling.per_mb_launch_factor)
+    inflation = reading.resid_moments(cls)[0]
+    sums.fallback.append((cls, count * typical_us * inflation))
+    sums.fallback_names.append(str(name))
+
+
+def _add_compute(sums: _KernelSums, reading: _Reading, scaling: _Scaling, k: int, name: str,
+                 cls: str) -> None:
+    """A compute kernel: the step's tail (optimizer step on the rank's parameter shard) and the
+    micro-batches, and its work in the weighted loadings and residual moments."""
+    arrays, plan, traced = reading.arrays, scaling.plan, scaling.traced
+    typical_us = np.exp(reading.per_draw(arrays.log_median[name]))
+    launches, stage_launches = arrays.launches, arrays.stage_launches
+    tail = float(arrays.tail_share[k])
+    tail_dur = (typical_us * traced["tp"] * traced["pp"] / (plan.tp * plan.pp)
+                * scaling.shard0 / scaling.shard)
+    tail_n = launches[k] * tail
+    mb_n = launches[k] * (1.0 - tail) * plan.microbatches * scaling.per_mb_launch_factor
+    sums.opt = sums.opt + tail_n * tail_dur
+    sums.fwd_bwd = (sums.fwd_bwd
+                    + launches[k] * (1.0 - tail) * typical_us * scaling.microbatch_factor)
+    if scaling.by_stage:
+        sums.opt_stage += np.outer(tail_dur, stage_launches[k] * tail)
+        sums.fwd_bwd_stage += np.outer(typical_us * scaling.microbatch_factor,
+                                       stage_launches[k] * (1.0 - tail))
+    n_step = tail_n + mb_n
+    work = tail_n * tail_dur + mb_n * typical_us * scaling.duration_factor
+    factor_mean, factor_var = reading.resid_moments(cls)
+    sums.weight_sum += work
+    for level in LEVELS:
+        sums.loading_sums[level] += work * reading.class_scale(level, cls)
+    sums.mean_inflation += work * factor_mean
+    if n_step > 0:
+        sums.var_sum += work**2 / n_step * factor_var
+
+
+def _warn_left_out(plan: ParallelPlan, traced: dict, sums: _KernelSums, typical: bool) -> None:
+    """Warn of collectives kept at their traced duration and of kernels without a median."""
+    same_layout = all(getattr(plan, k) == traced[k] for k in ("dp", "tp", "pp", "cp", "ep"))
+    if sums.fallback_names and not same_layout and not typical:
+        warnings.warn(
+            f"{plan.name}: {len(sums.fallback_names)} collective kernels have no cost model or "
+            f"no parallel role (group size/bytes unknown) and keep their traced duration at the "
+            f"traced group size, e.g. {sums.fallback_names[0]!r}: their growth with the plan "
+            "is not forecast",
+            PlanWarning,
+            stacklevel=4,  # the caller of compose
+        )
+    if sums.skipped:
+        warnings.warn(
+            f"{len(sums.skipped)} inventory kernels have no kernel_log_median in the "
+            f"posterior and were left out, e.g. {sums.skipped[0]!r}",
+            PlanWarning,
+            stacklevel=4,
+        )
+
+
+def _effective_residual(sums: _KernelSums) -> tuple[dict[str, np.ndarray], np.ndarray,
+                                                     np.ndarray]:
+    """Work-weighted loadings of each level, and the rank-step residual's log-normal law
+    (``resid_mu``, ``resid_sd``) matching the weighted mean and variance of the factors."""
+    weight_sum, mean_inflation = sums.weight_sum, sums.mean_inflation
+    safe = np.where(weight_sum > 0, weight_sum, 1.0)
+    loading = {level: sums.loading_sums[level] / safe for level in LEVELS}
+    inflation = np.where(weight_sum > 0, mean_inflation / safe, 1.0)
+    rel_var = np.where(weight_sum > 0,
+                       sums.var_sum / np.maximum(mean_inflation, 1e-300) ** 2, 0.0)
+    s2 = np.log1p(rel_var)
+    return loading, np.log(inflation) - 0.5 * s2, np.sqrt(s2)
+
+
+def _comm_terms(reading: _Reading, specs: list[CommSpec], sums: _KernelSums,
+                cluster: Cluster | None) -> list[CommTerm]:
+    """The plan's communication: cost-model terms, then fallback, replayed and p2p terms."""
+    comms = [_comm_term(reading.arrays, spec, reading.per_draw, reading.typical, cluster)
+             for spec in specs]
+    zeros = np.zeros(reading.draws)
+    for cls, det in sums.fallback:
+        comms.append(CommTerm(cls, "fallback", det, zeros, zeros, zeros))
+    for cls, det, stage in sums.replayed_stage:
+        comms.append(CommTerm(cls, "stage", det, zeros, zeros, zeros, stage))
+    if sums.replayed_p2p:
+        comms.append(CommTerm("sendrecv", "p2p", np.mean(sums.replayed_p2p, axis=0), zeros,
+                              zeros, zeros))
+    return comms
+
+
+def _stage_compute(sums: _KernelSums, by_stage: bool, pp: int) -> tuple[np.ndarray, np.ndarray]:
+    """Forward + backward per micro-batch of each stage (D, pp), and the optimizer tail (D,):
+    per traced stage (the slowest stage's tail), else the same on every stage."""
+    if by_stage:
+        return sums.fwd_bwd_stage, sums.opt_stage.max(axis=1)
+    return np.repeat(sums.fwd_bwd[:, None], pp, axis=1), sums.opt
 
 
 def _cost_model_specs(arrays: PosteriorArrays, plan: ParallelPlan, gpn: int, replayed: set[str],

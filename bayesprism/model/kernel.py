@@ -41,6 +41,7 @@ Fitting choices (measured, see the benchmark and tests):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -316,10 +317,16 @@ def prepare_kernel(
     summary: dict = {"rows": int(y_all.size), "kernel_rows": int(kernel_rows.sum())}
 
     if kernel_rows.any():
-        _prepare_kernel_part(
-            spec, kernel_rows, run_all, node_all, kern_all, cls_all, gpu_all, step_all, y_all,
-            glob, tables, coords, data, attrs, summary, notes, keep_rows,
-        )
+        columns = {"run": run_all, "node": node_all, "kernel": kern_all, "kernel_class": cls_all,
+                   "gpu": gpu_all, "step": step_all, "y": y_all}
+        part = _prepare_kernel_part(spec, tables, glob,
+                                    {name: values[kernel_rows] for name, values in columns.items()},
+                                    keep_rows)
+        coords.update(part.coords)
+        data.update(part.data)
+        attrs.update(part.attrs)
+        summary.update(part.summary)
+        notes.extend(part.notes)
     if modelled:
         transfer = np.log(np.concatenate([
             pd.to_numeric(t["transfer_us"], errors="coerce").to_numpy(dtype=float)
@@ -337,14 +344,97 @@ def prepare_kernel(
     return PreparedData(coords=coords, data=data, attrs=attrs, summary=summary)
 
 
-def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_all, step_all,
-                         y_all, glob, tables, coords, data, attrs, summary, notes,
-                         keep_rows) -> None:
-    run, node, kern, cls = run_all[rows], node_all[rows], kern_all[rows], cls_all[rows]
-    gpu, step, y = gpu_all[rows], step_all[rows], y_all[rows]
-    node_labels, run_labels = glob["node"][1], glob["run"][1]
+def _prepare_kernel_part(spec: ModelSpec, tables: Sequence[pd.DataFrame], glob: dict,
+                         columns: dict[str, np.ndarray], keep_rows: bool) -> _KernelPart:
+    """The kernel rows' part of the prepared data (``columns``: their ``run``, ``node``,
+    ``kernel``, ``kernel_class``, ``gpu``, ``step`` codes and log durations ``y``).
 
-    # Kernels and their classes (a kernel name must have one class).
+    Steps: kernels and their classes (:func:`_kernel_ids`), GPU, step and GPU-step units
+    (:func:`_unit_keys`), cells, the unit levels that can be fitted (:func:`_unit_levels`),
+    the collapsed statistics (:func:`_collapsed_stats`), the sampler's attrs
+    (:func:`_fit_attrs`).
+    """
+    y = columns["y"]
+    ids = _kernel_ids(columns["kernel"], columns["kernel_class"], glob)
+    keys = _unit_keys(columns, glob["kernel_class"][1])
+    cells = aggregate_cells({"kernel": ids.kernel_codes, "gs": keys.gs_codes},
+                            {"kernel": len(ids.kernel_ids), "gs": len(keys.gs_keys)}, y)
+    n_cells = len(cells)
+    if "gpustep" in spec.levels and (cells.n == 1).all():
+        raise InputError(Problem(
+            "tables", "kernel",
+            "every kernel × GPU × step cell has a single launch, so the residual cannot be "
+            "separated from GPU×step effects; use the 'benchmark' spec or drop the gpustep level",
+            n_cells))
+    levels = _unit_levels(spec, keys, glob["node"][1], glob["run"][1], tables)
+    n_classes = len(ids.class_ids)
+
+    coords: dict[str, list] = {
+        "kernel": [glob["kernel"][1][k] for k in ids.kernel_ids],
+        "kernel_class": ids.class_labels,
+        "cell": list(range(n_cells)),
+        "gpustep": list(range(len(keys.gs_keys))),
+    }
+    for level, labels in levels.units.items():
+        coords[{"gpu": "gpu_unit", "step": "step_unit"}.get(level, level)] = labels
+    data = {"kernel_class_of_kernel": ids.kernel_class,
+            **_collapsed_stats(cells, ids.kernel_class, len(ids.kernel_ids), n_classes,
+                               len(keys.gs_keys)),
+            "class_reference_weights": _reference_weights(ids.class_codes, n_classes,
+                                                          ids.class_labels)}
+    # The likelihood adds per-GPU and per-step effect sums (small gathers) rather than
+    # gathering every level to the GPU-steps.
+    data["gpustep_gpu"], data["gpustep_step"] = keys.gs_gpu, keys.gs_step
+    for level in levels.units:
+        data[f"{level}_of_gpustep"] = levels.unit_of_gs[level]
+        data[f"{level}_group"] = levels.group_of_unit[level]
+        if level in levels.unit_of_gpu:
+            data[f"{level}_of_gpu"] = levels.unit_of_gpu[level]
+    if spec.fits_rows or keep_rows:
+        if spec.fits_rows and y.size > MAX_ROWS:
+            raise InputError(Problem(
+                "tables", "duration_us",
+                f"the {spec.likelihood} residual is fitted on rows and accepts at most "
+                f"{MAX_ROWS} launches; use the default (lognormal) spec", int(y.size)))
+        coords["row"] = list(range(y.size))
+        data.update({"row_kernel": ids.kernel_codes, "row_gpustep": keys.gs_codes,
+                     "row_log_duration": y})
+
+    summary = {
+        "cells": n_cells, "kernels": len(ids.kernel_ids), "kernel_classes": n_classes,
+        "nodes": len(keys.node_ids), "gpus": len(keys.gpu_keys), "steps": len(keys.step_keys),
+        "gpusteps": len(keys.gs_keys), "single_launch_cells": int((cells.n == 1).sum()),
+    }
+    return _KernelPart(coords=coords, data=data,
+                       attrs=_fit_attrs(spec, levels, _parameterisation(spec, levels, y.size)),
+                       summary=summary, notes=levels.notes)
+
+
+@dataclass(frozen=True)
+class _KernelPart:
+    """What :func:`_prepare_kernel_part` adds to the prepared data, and its notes."""
+
+    coords: dict[str, list]
+    data: dict[str, np.ndarray]
+    attrs: dict
+    summary: dict
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class _KernelIds:
+    """Kernels and classes of the kernel rows as codes (a kernel name has one class)."""
+
+    kernel_codes: np.ndarray  # per row
+    kernel_ids: np.ndarray  # global kernel code of each kernel
+    class_codes: np.ndarray  # per row
+    class_ids: np.ndarray  # global class code of each class
+    kernel_class: np.ndarray  # class of each kernel
+    class_labels: list[str]
+
+
+def _kernel_ids(kern: np.ndarray, cls: np.ndarray, glob: dict) -> _KernelIds:
+    """The rows' kernels and classes, refusing a kernel that appears with two classes."""
     kernel_codes, kernel_ids = _factorize(kern)
     class_codes, class_ids = _factorize(cls)
     pair = np.unique(kernel_codes * len(class_ids) + class_codes)
@@ -356,44 +446,80 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
     kernel_class = np.zeros(len(kernel_ids), dtype=np.int64)
     kernel_class[pair // len(class_ids)] = pair % len(class_ids)
     class_labels = [glob["kernel_class"][1][c] for c in class_ids]
+    return _KernelIds(kernel_codes, kernel_ids, class_codes, class_ids, kernel_class,
+                      class_labels)
 
-    # Units: GPU = (node, local gpu), step = (run, step), GPU-step = (GPU, step). A GPU timed
-    # by a per-GPU benchmark and by traced kernels is two units under its one node: one
-    # effect for both made them correlate fully, and they need not (dev fleet GEMM benchmark
-    # against the traced job's GPU effects: correlation 0.54, nodes 0.86; one shared effect
-    # tripled the traced classes' GPU scale, 0.012 -> 0.037, to fit both). Nodes, and the GPU
-    # population (its tail), stay shared.
-    bench = np.isin(cls, [i for i, c in enumerate(glob["kernel_class"][1])
-                          if c == "benchmark"]).astype(np.int64)
+
+@dataclass(frozen=True)
+class _UnitKeys:
+    """GPU, step and GPU-step units of the kernel rows (codes per row, keys per unit)."""
+
+    gpu_codes: np.ndarray
+    gpu_keys: np.ndarray
+    gpu_bench: np.ndarray  # 1: the GPU unit of a per-GPU benchmark
+    gpu_node: np.ndarray
+    gpu_local: np.ndarray
+    mixed_sources: bool  # benchmark and traced rows together
+    step_keys: np.ndarray
+    step_run: np.ndarray
+    step_local: np.ndarray
+    gs_codes: np.ndarray
+    gs_keys: np.ndarray
+    gs_gpu: np.ndarray
+    gs_step: np.ndarray
+    node_ids: np.ndarray
+    node_of_gpu: np.ndarray
+
+
+def _unit_keys(columns: dict[str, np.ndarray], class_labels_all: list[str]) -> _UnitKeys:
+    """Units: GPU = (node, local gpu), step = (run, step), GPU-step = (GPU, step).
+
+    A GPU timed by a per-GPU benchmark and by traced kernels is two units under its one node:
+    one effect for both made them correlate fully, and they need not (dev fleet GEMM benchmark
+    against the traced job's GPU effects: correlation 0.54, nodes 0.86; one shared effect
+    tripled the traced classes' GPU scale, 0.012 -> 0.037, to fit both). Nodes, and the GPU
+    population (its tail), stay shared.
+    """
+    node, gpu, run, step = columns["node"], columns["gpu"], columns["run"], columns["step"]
+    bench = np.isin(columns["kernel_class"], [i for i, c in enumerate(class_labels_all)
+                                              if c == "benchmark"]).astype(np.int64)
     n_local = int(gpu.max()) + 1
     gpu_codes, gpu_keys = _factorize((node * n_local + gpu) * 2 + bench)
-    gpu_bench = gpu_keys % 2
     gpu_node = gpu_keys // 2 // n_local
-    gpu_local = gpu_keys // 2 % n_local
-    mixed_sources = bool(bench.any() and not bench.all())
     step_codes, step_keys = _factorize(run * (int(step.max()) + 1) + step)
-    step_run = step_keys // (int(step.max()) + 1)
-    step_local = step_keys % (int(step.max()) + 1)
     gs_codes, gs_keys = _factorize(gpu_codes * len(step_keys) + step_codes)
-    gs_gpu, gs_step = gs_keys // len(step_keys), gs_keys % len(step_keys)
     node_ids, node_of_gpu = np.unique(gpu_node, return_inverse=True)
+    return _UnitKeys(
+        gpu_codes=gpu_codes, gpu_keys=gpu_keys, gpu_bench=gpu_keys % 2, gpu_node=gpu_node,
+        gpu_local=gpu_keys // 2 % n_local, mixed_sources=bool(bench.any() and not bench.all()),
+        step_keys=step_keys, step_run=step_keys // (int(step.max()) + 1),
+        step_local=step_keys % (int(step.max()) + 1), gs_codes=gs_codes, gs_keys=gs_keys,
+        gs_gpu=gs_keys // len(step_keys), gs_step=gs_keys % len(step_keys),
+        node_ids=node_ids, node_of_gpu=node_of_gpu)
 
-    cells = aggregate_cells({"kernel": kernel_codes, "gs": gs_codes},
-                            {"kernel": len(kernel_ids), "gs": len(gs_keys)}, y)
-    n_cells = len(cells)
-    if "gpustep" in spec.levels and (cells.n == 1).all():
-        raise InputError(Problem(
-            "tables", "kernel",
-            "every kernel × GPU × step cell has a single launch, so the residual cannot be "
-            "separated from GPU×step effects; use the 'benchmark' spec or drop the gpustep level",
-            n_cells))
 
-    # Which unit levels can be fitted (at least two units to compare).
+@dataclass(frozen=True)
+class _Levels:
+    """The unit levels that can be fitted (at least two units to compare) and their maps."""
+
+    units: dict[str, list[str]]  # level -> unit labels
+    unit_of_gs: dict[str, np.ndarray]  # level -> unit of each GPU-step
+    unit_of_gpu: dict[str, np.ndarray]  # persistent levels: unit of each GPU
+    group_of_unit: dict[str, np.ndarray]
+    fitted: list[str]
+    notes: list[str]  # levels dropped, and why
+
+
+def _unit_levels(spec: ModelSpec, keys: _UnitKeys, node_labels: list[str],
+                 run_labels: list[str], tables: Sequence[pd.DataFrame]) -> _Levels:
+    """Which of the spec's unit levels can be fitted, with their units and groups."""
     unit_of_gs: dict[str, np.ndarray] = {}
-    unit_of_gpu: dict[str, np.ndarray] = {}  # persistent levels
+    unit_of_gpu: dict[str, np.ndarray] = {}
     units: dict[str, list[str]] = {}
     group_of_unit: dict[str, np.ndarray] = {}
     fitted: list[str] = []
+    notes: list[str] = []
+    node_ids, node_of_gpu, gs_gpu = keys.node_ids, keys.node_of_gpu, keys.gs_gpu
     for level in spec.levels:
         if level == "node":
             if len(node_ids) < 2:
@@ -407,27 +533,29 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
             if (per_node < 2).all():
                 notes.append("gpu level dropped: no node with 2 or more GPUs")
                 continue
-            if (np.bincount(gpu_codes) < 2).all():
+            if (np.bincount(keys.gpu_codes) < 2).all():
                 # a GPU's one launch is all its data: its effect and its residual are the same
                 # number, a ridge the sampler cannot mix (PAL LS6: R-hat 1.05, ESS 26)
                 notes.append("gpu level dropped: every GPU has a single launch, so its effect "
                              "cannot be told from the launch's residual")
                 continue
-            units[level] = [f"{node_labels[n]}/{g}" + ("/benchmark" if b and mixed_sources
+            units[level] = [f"{node_labels[n]}/{g}" + ("/benchmark" if b and keys.mixed_sources
                                                        else "")
-                            for n, g, b in zip(gpu_node, gpu_local, gpu_bench, strict=True)]
-            unit_of_gpu[level] = np.arange(len(gpu_keys))
+                            for n, g, b in zip(keys.gpu_node, keys.gpu_local, keys.gpu_bench,
+                                               strict=True)]
+            unit_of_gpu[level] = np.arange(len(keys.gpu_keys))
             group_of_unit[level] = node_of_gpu
         elif level == "step":
-            if (np.bincount(step_run) < 2).all():
+            if (np.bincount(keys.step_run) < 2).all():
                 notes.append("step level dropped: no run with 2 or more steps"
                              + (" (and with it step_noise: no repeats to differ in noise)"
                                 if spec.step_noise else ""))
                 continue
-            units[level] = [f"{run_labels[r]}/{s}" for r, s in zip(step_run, step_local,
+            units[level] = [f"{run_labels[r]}/{s}" for r, s in zip(keys.step_run,
+                                                                     keys.step_local,
                                                                      strict=True)]
-            unit_of_gs[level] = gs_step
-            group_of_unit[level] = np.unique(step_run, return_inverse=True)[1]
+            unit_of_gs[level] = keys.gs_step
+            group_of_unit[level] = np.unique(keys.step_run, return_inverse=True)[1]
         elif level == "cabinet":
             cab = _cabinet_of_node(tables, node_ids, node_labels, notes)
             if cab is None:
@@ -436,7 +564,7 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
             units[level] = cab_labels
             unit_of_gpu[level] = cab_codes[node_of_gpu]
             group_of_unit[level] = np.zeros(len(cab_labels), dtype=np.int64)
-        elif level == "gpustep" and len(gs_keys) < 2:
+        elif level == "gpustep" and len(keys.gs_keys) < 2:
             notes.append("gpustep level dropped: a single GPU-step")
             continue
         elif level == "gpustep" and (np.bincount(gs_gpu) < 2).all():
@@ -458,71 +586,68 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
         # KS of held-out GPUs 0.21 against 0.08); un-nested, the cabinet scale gets the soft
         # floor that keeps the ridge sampleable (effects.unit_level).
         group_of_unit["node"] = cab_codes
+    return _Levels(units, unit_of_gs, unit_of_gpu, group_of_unit, fitted, notes)
 
+
+def _parameterisation(spec: ModelSpec, levels: _Levels, n_rows: int) -> dict[str, str]:
+    """Centred or non-centred effects per level (by launches per unit when ``auto``)."""
     param: dict[str, str] = {}
-    for level in units:
-        density = y.size / len(units[level])
+    for level in levels.units:
+        density = n_rows / len(levels.units[level])
         if spec.parameterisation == "auto":
             param[level] = "centred" if density >= spec.dense_launches else "noncentred"
         else:
             param[level] = spec.parameterisation
-    launches_per_class = np.bincount(class_codes, minlength=len(class_ids))
-    # The reference class of each level's loadings (``{level}_scale_ref``) is the launch-
-    # weighted geometric mean of the compute classes: a collective's transfer (measured after
-    # its last member arrives) barely loads on a GPU's or node's speed, so with collectives in
-    # the mean, that mean (and every standardised effect) would follow their nearly unidentified
-    # loadings.
+    return param
+
+
+def _reference_weights(class_codes: np.ndarray, n_classes: int,
+                       class_labels: list[str]) -> np.ndarray:
+    """Launches per class weighting the reference class of each level's loadings.
+
+    The reference class of each level's loadings (``{level}_scale_ref``) is the launch-weighted
+    geometric mean of the compute classes: a collective's transfer (measured after its last
+    member arrives) barely loads on a GPU's or node's speed, so with collectives in the mean,
+    that mean (and every standardised effect) would follow their nearly unidentified loadings.
+    """
+    launches_per_class = np.bincount(class_codes, minlength=n_classes)
     is_compute = np.array([c not in coll.COLLECTIVE_CLASSES for c in class_labels])
     reference_weights = launches_per_class * is_compute
     if reference_weights.sum() == 0:
         reference_weights = launches_per_class
+    return reference_weights
 
-    # Collapsed statistics (see module docstring).
-    C = len(class_ids)
-    kernel_n = np.bincount(cells.codes["kernel"], weights=cells.n, minlength=len(kernel_ids))
+
+def _collapsed_stats(cells, kernel_class: np.ndarray, n_kernels: int, n_classes: int,
+                     n_gs: int) -> dict[str, np.ndarray]:
+    """Collapsed statistics (see module docstring): per kernel, cell, GPU-step × class block
+    and class."""
+    C = n_classes
+    kernel_n = np.bincount(cells.codes["kernel"], weights=cells.n, minlength=n_kernels)
     kernel_mean = np.bincount(cells.codes["kernel"], weights=cells.n * cells.mean,
-                              minlength=len(kernel_ids)) / kernel_n
+                              minlength=n_kernels) / kernel_n
     cell_dev = cells.mean - kernel_mean[cells.codes["kernel"]]
     cell_class = kernel_class[cells.codes["kernel"]]
     block = cells.codes["gs"] * C + cell_class
-    block_n = np.bincount(block, weights=cells.n, minlength=len(gs_keys) * C).reshape(-1, C)
+    block_n = np.bincount(block, weights=cells.n, minlength=n_gs * C).reshape(-1, C)
     block_dev = np.bincount(block, weights=cells.n * cell_dev,
-                            minlength=len(gs_keys) * C).reshape(-1, C)
+                            minlength=n_gs * C).reshape(-1, C)
     class_q = np.bincount(cell_class, weights=cells.ss + cells.n * cell_dev**2, minlength=C)
     class_n = np.bincount(cell_class, weights=cells.n, minlength=C)
-
-    coords["kernel"] = [glob["kernel"][1][k] for k in kernel_ids]
-    coords["kernel_class"] = class_labels
-    coords["cell"] = list(range(n_cells))
-    coords["gpustep"] = list(range(len(gs_keys)))
-    for level, labels in units.items():
-        coords[{"gpu": "gpu_unit", "step": "step_unit"}.get(level, level)] = labels
-    data.update({
-        "kernel_class_of_kernel": kernel_class, "kernel_n": kernel_n, "kernel_mean": kernel_mean,
+    return {
+        "kernel_n": kernel_n, "kernel_mean": kernel_mean,
         "cell_kernel": cells.codes["kernel"], "cell_gpustep": cells.codes["gs"],
         "cell_n": cells.n, "cell_mean": cells.mean, "cell_ss": cells.ss,
         "cell_dev": cell_dev, "block_n": block_n, "block_dev": block_dev,
-        "class_q": class_q, "class_n": class_n, "class_reference_weights": reference_weights,
-    })
-    # The likelihood adds per-GPU and per-step effect sums (small gathers) rather than
-    # gathering every level to the GPU-steps.
-    data["gpustep_gpu"], data["gpustep_step"] = gs_gpu, gs_step
-    for level in units:
-        data[f"{level}_of_gpustep"] = unit_of_gs[level]
-        data[f"{level}_group"] = group_of_unit[level]
-        if level in unit_of_gpu:
-            data[f"{level}_of_gpu"] = unit_of_gpu[level]
-    if spec.fits_rows or keep_rows:
-        if spec.fits_rows and y.size > MAX_ROWS:
-            raise InputError(Problem(
-                "tables", "duration_us",
-                f"the {spec.likelihood} residual is fitted on rows and accepts at most "
-                f"{MAX_ROWS} launches; use the default (lognormal) spec", int(y.size)))
-        coords["row"] = list(range(y.size))
-        data.update({"row_kernel": kernel_codes, "row_gpustep": gs_codes, "row_log_duration": y})
+        "class_q": class_q, "class_n": class_n,
+    }
 
-    attrs["levels"] = fitted
-    attrs["parameterisation"] = param
+
+def _fit_attrs(spec: ModelSpec, levels: _Levels, param: dict[str, str]) -> dict:
+    """Attrs of the kernel part: fitted levels, parameterisation, sampler settings, the
+    levels' populations."""
+    fitted = levels.fitted
+    attrs: dict = {"levels": fitted, "parameterisation": param}
     if spec.step_noise and "step" in fitted:
         # a noisy step pins its level ~30x less tightly than the others, which ties the
         # baselines to the step contrasts: diagonal mass matrix on PAL, 4 chains x 1000 draws:
@@ -541,15 +666,11 @@ def _prepare_kernel_part(spec, rows, run_all, node_all, kern_all, cls_all, gpu_a
     attrs["gpustep"] = ("marginalised" if spec.likelihood == "lognormal" else "sampled"
                         ) if "gpustep" in fitted else "absent"
     for level in ("node", "gpu"):
-        if level in units:
+        if level in levels.units:
             attrs[f"{level}_population"] = spec.population(level)
     if "gpustep" in fitted:
         attrs["gpustep_population"] = spec.population("gpustep")
-    summary.update({
-        "cells": n_cells, "kernels": len(kernel_ids), "kernel_classes": C,
-        "nodes": len(node_ids), "gpus": len(gpu_keys), "steps": len(step_keys),
-        "gpusteps": len(gs_keys), "single_launch_cells": int((cells.n == 1).sum()),
-    })
+    return attrs
 
 
 def _nodes_nest_in_cabinets(spec: ModelSpec) -> bool:
