@@ -86,7 +86,7 @@ def fit(table, model, args):
 
     start = time.perf_counter()
     post = fit_bayesprism(table, model, draws=args.draws, tune=args.draws, chains=2,
-                          seed=args.seed, progress=False)
+                          random_seed=args.seed, progress=False)
     return post, time.perf_counter() - start
 
 
@@ -114,7 +114,7 @@ def residual_variants(fit_table, held, model: str, post, result: pd.DataFrame, a
                                    step_noise=base.step_noise and likelihood in ROW_LIKELIHOODS)
         tree, _ = fit(fit_table, spec, args)
         variants[label] = tree
-        extra = validate(fit_table, held, posterior=tree, seed=args.seed,
+        extra = validate(fit_table, held, posterior=tree, random_seed=args.seed,
                          draws=args.pred_draws, methods=("bayesprism",))
         pits[label] = extra.attrs["pit"]["bayesprism"]
         extra.attrs = {}  # arrays in attrs break concat's comparison
@@ -150,7 +150,7 @@ def pal_case(path: Path, name: str, args, rows: list, slowest_rows: list) -> Non
     table = bp.read_traces([path], progress=False)
     fit_table, held = split_table(table, "nodes", fraction=0.5, seed=args.seed)
     post, seconds = fit(fit_table, "benchmark", args)
-    result = validate(fit_table, held, posterior=post, seed=args.seed, draws=args.pred_draws)
+    result = validate(fit_table, held, posterior=post, random_seed=args.seed, draws=args.pred_draws)
     variants, result = residual_variants(fit_table, held, "benchmark", post, result, args)
     scored(name, result, seconds, rows, args.figures)
     rng = np.random.default_rng(args.seed)
@@ -184,12 +184,12 @@ def scale_case(path: Path, name: str, fit_sizes, held_sizes, args, rows: list,
     for note in json.loads(post.attrs.get("fit_summary", "{}")).get("notes", []):
         print(f"{name}: {note}", file=sys.stderr)
     held = runs_at(table, held_sizes)
-    result = validate(fit_table, held, posterior=post, seed=args.seed, draws=args.pred_draws)
+    result = validate(fit_table, held, posterior=post, random_seed=args.seed, draws=args.pred_draws)
     scored(f"{name} all", result, seconds, rows, args.figures)
     for size in held_sizes:
         part = runs_at(table, [size])
         if len(part):
-            result = validate(fit_table, part, posterior=post, seed=args.seed,
+            result = validate(fit_table, part, posterior=post, random_seed=args.seed,
                               draws=args.pred_draws)
             scored(f"{name} {size}", result, seconds, rows, None)
 
@@ -203,7 +203,7 @@ def kineto_case(path: Path, name: str, args, rows: list) -> None:
     table = bp.read_traces([path], progress=False)
     fit_table, held = split_table(table, "ranks", fraction=0.25, seed=args.seed)
     post, seconds = fit(fit_table, "default", args)
-    result = validate(fit_table, held, posterior=post, seed=args.seed, draws=args.pred_draws)
+    result = validate(fit_table, held, posterior=post, random_seed=args.seed, draws=args.pred_draws)
     variants, result = residual_variants(fit_table, held, "default", post, result, args)
     scored(f"{name} kernels", result, seconds, rows, args.figures)
     step_rows = []

@@ -95,7 +95,7 @@ def test_shifted_chain_gives_rhat_problem_in_plain_words(good_fit):
     assert rhat > 1.5
     assert (
         f"R-hat {rhat:.3f} > 1.01 for node_scale[gemm]; run more tuning draws or use "
-        "--model robust" in report.problems
+        "--spec robust" in report.problems
     )
 
 

@@ -17,8 +17,8 @@ def test_fit_cli_json_summary(tmp_path, capsys):
     spec = tmp_path / "tiny.toml"
     spec.write_text(tiny_spec().to_toml())
     out = tmp_path / "post.nc"
-    code = main(["fit", str(table), "-o", str(out), "--model", str(spec), "--draws", "60",
-                 "--tune", "100", "--sampler", "nutpie", "--seed", "1", "--json", "--quiet"])
+    code = main(["fit", str(table), "-o", str(out), "--spec", str(spec), "--draws", "60",
+                 "--tune", "100", "--sampler", "nutpie", "--random-seed", "1", "--json", "--quiet"])
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert {"max_rhat", "min_ess_bulk", "divergences", "seconds", "variance_components",
@@ -54,7 +54,7 @@ def test_fit_cli_prints_a_summary_table(tmp_path, capsys):
     write_table(tiny_kernel_table(), table)
     spec = tmp_path / "tiny.toml"
     spec.write_text(tiny_spec().to_toml())
-    code = main(["fit", str(table), "-o", str(tmp_path / "post.nc"), "--model", str(spec),
+    code = main(["fit", str(table), "-o", str(tmp_path / "post.nc"), "--spec", str(spec),
                  "--draws", "30", "--tune", "50", "--sampler", "nutpie", "--quiet"])
     assert code == 0
     lines = capsys.readouterr().out.splitlines()
@@ -84,3 +84,31 @@ def test_fit_cli_records_a_stated_layout_in_the_posterior(tmp_path, capsys, shar
         # 512 GPUs as tp 4 x pp 8 x dp 16 (config and log), 12 virtual stages (stated)
         assert (layout["virtual_stages"], layout["tp"], layout["pp"], layout["dp"]) == (
             12, 4, 8, 16)
+
+
+def test_earlier_option_spellings_still_work_with_a_warning(tmp_path, capsys):
+    """Issue 18: --model/--seed/--out are now --spec/--random-seed/--output; the old spellings
+    run the same command and say so in its warning summary (for one release)."""
+    import warnings
+
+    from bayesprism.checks.validate import validate
+
+    table = tmp_path / "table.parquet"
+    write_table(tiny_kernel_table(), table)
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(tiny_spec().to_toml())
+    code = main(["fit", str(table), "-o", str(tmp_path / "post.nc"), "--model", str(spec),
+                 "--draws", "20", "--tune", "20", "--chains", "1", "--sampler", "pymc",
+                 "--seed", "3"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "--model is now --spec" in err and "--seed is now --random-seed" in err
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = validate(tiny_kernel_table(), split="nodes", methods=("pooled",), draws=20,
+                       seed=4)
+    assert any(issubclass(w.category, FutureWarning) and "'random_seed'" in str(w.message)
+               for w in caught)
+    new = validate(tiny_kernel_table(), split="nodes", methods=("pooled",), draws=20,
+                   random_seed=4)
+    assert old.equals(new)

@@ -168,7 +168,7 @@ def test_step_rows_are_refused_with_a_pointer_to_the_step_model(small_table):
         prepare([bad], ModelSpec())
     assert str(err.value) == (
         "table 0: kernel_class: step-level rows belong to the step model: fit them with "
-        "--model step (ModelSpec.load('step')) (4 rows), e.g. 'step'")
+        "--spec step (ModelSpec.load('step')) (4 rows), e.g. 'step'")
 
 
 def test_missing_columns_and_bad_durations_are_all_reported(small_table):

@@ -182,7 +182,7 @@ def diagnose(
     if divergences:
         problems.append(
             f"{divergences} divergent transitions; the sampler did not explore the "
-            "posterior reliably: raise target_accept (e.g. 0.95) or use --model "
+            "posterior reliably: raise target_accept (e.g. 0.95) or use --spec "
             "robust"
         )
     bfmi = _bfmi_min(posterior)
@@ -202,7 +202,7 @@ def diagnose(
             problems.append(
                 f"90% predictive intervals cover only {numbers['coverage_90']:.0%} of the "
                 f"observed {cls} cells (KS distance {numbers['ks_distance']:.2f}); the model "
-                "misfits this class: try --model robust or check the trace for outliers"
+                "misfits this class: try --spec robust or check the trace for outliers"
             )
     step_check, step_notes = step_time_check(posterior, rng)
     notes += step_notes
@@ -307,7 +307,7 @@ def _convergence_problems(table: pd.DataFrame, rhat_max: float, min_ess: float) 
                 if np.isfinite(v)
                 else "R-hat is infinite (a chain is stuck)"
             ),
-            "run more tuning draws or use --model robust",
+            "run more tuning draws or use --spec robust",
         ),
         (
             "ess_bulk",

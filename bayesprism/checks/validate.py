@@ -16,6 +16,7 @@ Scores are those of :mod:`bayesprism.checks.metrics`; baselines are in
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -252,35 +253,52 @@ def predict_heldout(
 
 def fit_bayesprism(
     table: pd.DataFrame,
-    model: str | None,
+    spec: str | None,
     *,
     draws: int,
     tune: int,
     chains: int,
-    seed: int,
+    random_seed: int,
     progress: bool,
 ) -> xr.DataTree:
-    """Bayesprism's fit of ``table`` (spec ``model``, or the step spec for step tables)."""
-    spec = model if model is not None else ("step" if is_step_table(table) else None)
-    return fit(
-        table, spec, draws=draws, tune=tune, chains=chains, random_seed=seed, progress=progress
-    )
+    """Bayesprism's fit of ``table`` (``spec``, or the step spec for step tables)."""
+    spec = spec if spec is not None else ("step" if is_step_table(table) else None)
+    return fit(table, spec, draws=draws, tune=tune, chains=chains, random_seed=random_seed,
+               progress=progress)
+
+
+def _renamed(new: str, new_value, old: str, old_value, default):
+    """Return the value of a renamed keyword.
+
+    The new one, else the old one with a FutureWarning (it goes in the next release), else the
+    default.
+    """
+    if old_value is None:
+        return default if new_value is None else new_value
+    if new_value is not None:
+        raise InputError(Problem("validate", old, f"give {new!r} only (the new name of {old!r})",
+                                 example=old_value))
+    warnings.warn(f"validate(): {old!r} is now {new!r}; the old name goes in the next release",
+                  FutureWarning, stacklevel=3)
+    return old_value
 
 
 def validate(
     fit_tables: pd.DataFrame | Sequence[pd.DataFrame],
     heldout_tables: pd.DataFrame | Sequence[pd.DataFrame] | None = None,
     *,
-    model: str | None = None,
+    spec: str | None = None,
     split: str | None = None,
     fraction: float | None = None,
-    seed: int = 0,
+    random_seed: int | None = None,
     draws: int = 500,
     tune: int | None = None,
     chains: int = 2,
     methods: Sequence[str] = METHODS,
     posterior: xr.DataTree | None = None,
     progress: bool = False,
+    model: str | None = None,
+    seed: int | None = None,
 ) -> pd.DataFrame:
     """Score bayesprism and the baselines on held-out measurements (method × metric).
 
@@ -291,13 +309,13 @@ def validate(
     heldout_tables
         Trace table(s) to predict. May be omitted when ``split`` is given: the held-out part is
         then split off the fit tables (:func:`split_table` with ``fraction`` and ``seed``).
-    model
+    spec
         Named model spec for bayesprism (default: ``"default"`` for kernel tables, ``"step"``
         for step tables).
     split
         ``"nodes"``, ``"gpus"``, ``"ranks"``, ``"steps"`` or ``"scale"``.
-    seed
-        Seed of the split, the fit and the predictive draws.
+    random_seed
+        Seed of the split, the fit and the predictive draws (default 0).
     draws, tune, chains
         Sampler settings of the bayesprism fit (``tune`` defaults to ``draws``); ``draws`` is
         also the number of predictive draws per held-out row.
@@ -305,6 +323,9 @@ def validate(
         Any of ``"bayesprism"``, ``"pooled"``, ``"deterministic"``.
     posterior
         An existing bayesprism fit of ``fit_tables`` to use instead of fitting.
+    model, seed
+        Earlier names of ``spec`` and ``random_seed``, accepted with a ``FutureWarning`` for
+        one release.
 
     Returns
     -------
@@ -322,6 +343,8 @@ def validate(
     >>> fit_part, heldout = split_table(table, "ranks", fraction=0.25)  # doctest: +SKIP
     >>> scores = validate(fit_part, heldout)  # doctest: +SKIP
     """
+    spec = _renamed("spec", spec, "model", model, None)
+    seed = _renamed("random_seed", random_seed, "seed", seed, 0)
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise InputError(
@@ -342,11 +365,11 @@ def validate(
     if "bayesprism" in methods and posterior is None:
         posterior = fit_bayesprism(
             fit_table,
-            model,
+            spec,
             draws=draws,
             tune=tune or draws,
             chains=chains,
-            seed=seed,
+            random_seed=seed,
             progress=progress,
         )
     rows, pits, skipped, on_transfer, unit = [], {}, {}, 0, None

@@ -201,7 +201,7 @@ def run(args) -> int:
                 out / "mlperf_report.html",
                 forecast=step_fc,
                 diagnosis=bp.diagnose(step_post),
-                commands=[f"bayesprism fit {ladder} --model step -o {out / 'mlperf_posterior.nc'}"],
+                commands=[f"bayesprism fit {ladder} --spec step -o {out / 'mlperf_posterior.nc'}"],
             )
 
     if not args.quiet:

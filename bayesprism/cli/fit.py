@@ -30,9 +30,10 @@ def register(sub) -> None:
                         help="Parquet trace tables, trace files, folders or globs")
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="posterior.nc",
                         help="where to save the posterior")
-    parser.add_argument("--model", default=None, metavar="NAME|FILE",
+    parser.add_argument("--spec", "--model", dest="spec", default=None, metavar="NAME|FILE",
                         help="named spec (models/NAME.toml) or a spec TOML file (default: "
-                        "'default', or 'step' when every row is a step-level row)")
+                        "'default', or 'step' when every row is a step-level row; --model: its "
+                        "earlier name)")
     parser.add_argument("--draws", type=int, default=1000, help="draws per chain (default 1000)")
     parser.add_argument("--tune", type=int, default=1000, help="warm-up per chain (default 1000)")
     parser.add_argument("--chains", type=int, default=2, help="chains (default 2)")
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     tables = read_inputs(args.inputs, layout=layout, column_map=column_map, progress=progress)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        tree = fit(tables, args.model, draws=args.draws, tune=args.tune, chains=args.chains,
+        tree = fit(tables, args.spec, draws=args.draws, tune=args.tune, chains=args.chains,
                    sampler=args.sampler, random_seed=args.random_seed, progress=progress,
                    target_accept=args.target_accept)
     notes = [str(w.message) for w in caught

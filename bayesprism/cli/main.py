@@ -46,6 +46,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Earlier spellings of options, still accepted for one release (issue 18: one name per
+#: concept): old -> new.
+RENAMED_OPTIONS: dict[str, str] = {"--seed": "--random-seed", "--out": "--output",
+                                   "--model": "--spec"}
+
+
+def _warn_renamed_options(argv: list[str]) -> None:
+    """A FutureWarning, in the command's warning summary, for each earlier option spelling."""
+    for old, new in RENAMED_OPTIONS.items():
+        if any(arg == old or arg.startswith(old + "=") for arg in argv):
+            warnings.warn(f"{old} is now {new}; the old spelling goes in the next release",
+                          FutureWarning, stacklevel=2)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     parser = build_parser()
@@ -65,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # the filters stay as they are (library deprecations remain hidden)
         with warnings.catch_warnings(record=True) as caught:
+            _warn_renamed_options(sys.argv[1:] if argv is None else argv)
             return int(args.func(args) or 0)
     except InputError as exc:
         for line in exc.lines():

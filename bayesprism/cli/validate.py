@@ -31,8 +31,9 @@ def register(sub) -> None:
                         help="traces, logs or Parquet trace tables to fit")
     parser.add_argument("--heldout", nargs="+", type=Path, metavar="PATH",
                         help="traces, logs or Parquet trace tables to predict")
-    parser.add_argument("--model", default=None, metavar="NAME",
-                        help="named model spec (default: 'default', or 'step' for step logs)")
+    parser.add_argument("--spec", "--model", dest="spec", default=None, metavar="NAME",
+                        help="named model spec (default: 'default', or 'step' for step logs; "
+                        "--model: its earlier name)")
     parser.add_argument("--split", choices=("nodes", "gpus", "ranks", "steps", "scale"),
                         help="split the held-out part off the --fit data")
     parser.add_argument("--fraction", type=float, default=None,
@@ -73,8 +74,8 @@ def run(args) -> int:
     fit_tables = read_inputs(args.fit, layout=layout, column_map=columns, progress=progress)
     heldout = read_inputs(args.heldout, layout=layout, column_map=columns,
                           progress=progress) if args.heldout else None
-    table = validate(fit_tables, heldout, model=args.model, split=args.split,
-                     fraction=args.fraction, seed=args.random_seed, draws=args.draws,
+    table = validate(fit_tables, heldout, spec=args.spec, split=args.split,
+                     fraction=args.fraction, random_seed=args.random_seed, draws=args.draws,
                      methods=tuple(args.methods), progress=progress)
     if args.pit is not None:
         plot_pit_histogram(table.attrs["pit"], args.pit, title="PIT of held-out observations")

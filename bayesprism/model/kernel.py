@@ -145,7 +145,7 @@ def _check_tables(tables: Sequence[pd.DataFrame]) -> None:
         if step_rows.any():
             problems.append(Problem(
                 src, "kernel_class",
-                "step-level rows belong to the step model: fit them with --model step "
+                "step-level rows belong to the step model: fit them with --spec step "
                 "(ModelSpec.load('step'))", int(step_rows.sum()), "step"))
     if problems:
         raise InputError(problems)
