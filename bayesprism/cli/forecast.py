@@ -222,7 +222,7 @@ def format_table(summary: dict) -> str:
                          f"{plan['degraded_link_probability']:.2f}, included above ({source})")
     baseline = summary.get("baseline")
     if baseline and thresholds:
-        lines.append(f"P(>x): P(step > x * baseline), baseline = {_baseline_text(baseline)}")
+        lines.append(f"P(>x): P(step > x * baseline), baseline = {baseline_text(baseline)}")
     return "\n".join(lines)
 
 
@@ -238,7 +238,8 @@ def _prob(p) -> str:
     return "-" if p is None else f"{p:.2f}"
 
 
-def _baseline_text(baseline: dict) -> str:
+def baseline_text(baseline: dict) -> str:
+    """What P(slowdown) compares with, in words (``baseline_step_time``'s first value)."""
     kind = baseline.get("kind")
     if kind == "ideal":
         return "each plan's variability-free (ideal) step"
