@@ -108,6 +108,18 @@ def test_forecast_baseline_traced_is_the_measured_step(traced_path, capsys):
     assert "the measured step of the traced run (50 ms)" in capsys.readouterr().out
 
 
+def test_forecast_baseline_by_default_is_the_measured_step_where_there_is_one(
+        traced_path, gemm_path, capsys):
+    """Issue 19: against each plan's ideal step P(slowdown) reads ~1 for every plan; by default
+    the CLI compares with the traced run's measured step, and falls back to the ideal step
+    when the posterior records none."""
+    traced = run_json(capsys, "forecast", traced_path, "--dp", "4", "--draws", "5",
+                      "--replicates", "2")
+    assert traced["baseline"] == {"kind": "traced", "step_time_s": pytest.approx(0.05)}
+    plain = run_json(capsys, "forecast", gemm_path, "--draws", "5", "--replicates", "2")
+    assert plain["baseline"]["kind"] == "ideal"
+
+
 def test_forecast_steps_from_tokens_and_the_global_batch(gemm_path, capsys):
     summary = run_json(capsys, "forecast", gemm_path, "--tokens", "3e9", "--global-batch",
                        "1024", "--seq-length", "2048", "--draws", "5", "--replicates", "2")
@@ -120,7 +132,7 @@ def test_forecast_steps_from_tokens_and_the_global_batch(gemm_path, capsys):
 @pytest.mark.parametrize(("argv", "message"), [
     (["--deadline", "36h"], "--deadline: needs --steps"),
     (["--steps", "10", "--deadline", "tomorrow"], "--deadline: expected a positive duration"),
-    (["--baseline", "fast"], "--baseline: expected ideal, traced or a step time"),
+    (["--baseline", "fast"], "--baseline: expected auto, ideal, traced or a step time"),
     (["--baseline", "traced"], "baseline: the posterior records no measured step"),
     (["--thresholds", "1.1,x"], "--thresholds: expected numbers above 0"),
     (["--tokens", "1e9"], "--global-batch: --tokens needs the global batch"),

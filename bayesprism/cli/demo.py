@@ -124,7 +124,7 @@ def run(args) -> int:
     ]
     # P(slowdown) against the measured step of the traced run: against each plan's
     # variability-free step it reads ~1.00 everywhere and answers nothing
-    baseline, baseline_s = baseline_step_time("traced", posterior)
+    baseline, baseline_s = baseline_step_time("auto", posterior)
     with stage(f"forecast {len(plans)} plans (8 to {plans[-1].gpus:,} GPUs)"):
         fc = bp.forecast(
             posterior,
@@ -140,7 +140,7 @@ def run(args) -> int:
         bp.save(fc, out / "dlrm_forecast.nc")
     commands.append(
         f"bayesprism forecast {out / 'dlrm_posterior.nc'} --dp 16384 --gpus-per-node 8 "
-        f"--steps 10000 --baseline traced --draws {args.forecast_draws} "
+        f"--steps 10000 --draws {args.forecast_draws} "
         f"--random-seed {args.random_seed}"
     )
 

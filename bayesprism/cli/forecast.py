@@ -63,10 +63,12 @@ def register(sub) -> None:
     parser.add_argument("--deadline", action="append", default=[], metavar="T[,T...]",
                         help="training-time budget for P(finish <= T), e.g. 36h, 14d, 90m or "
                         "seconds; comma-separated or repeated; needs --steps")
-    parser.add_argument("--baseline", default="ideal", metavar="ideal|traced|TIME",
-                        help="step time P(slowdown) is measured against: 'ideal' (each plan's "
-                        "variability-free step, the default), 'traced' (the median measured "
-                        "step of the traced run) or a time such as 250ms")
+    parser.add_argument("--baseline", default="auto", metavar="auto|ideal|traced|TIME",
+                        help="step time P(slowdown) is measured against: 'traced' (the median "
+                        "measured step of the traced run), 'ideal' (each plan's "
+                        "variability-free step), a time such as 250ms, or 'auto' (the "
+                        "default: traced when the posterior records a measured step, else "
+                        "ideal)")
     parser.add_argument("--thresholds", default="1.05,1.10,1.20", metavar="X[,X...]",
                         help="slowdown factors x of P(step > x * baseline), e.g. 1.1,1.5 or "
                         "10%%,50%% (default 1.05,1.10,1.20)")
@@ -249,7 +251,8 @@ def baseline_text(baseline: dict) -> str:
 
 def baseline_step_time(text: str, posterior, source: str = "posterior"
                        ) -> tuple[dict, float | None]:
-    """``--baseline``: ``{"kind", "step_time_s"}`` and the value for ``forecast(baseline_s=)``.
+    """``--baseline``: ``{"kind", "step_time_s"}`` and the value for ``forecast(baseline_s=)``
+    (``auto``: ``traced`` where the posterior records a measured step, else ``ideal``).
 
     Raises
     ------
@@ -260,14 +263,21 @@ def baseline_step_time(text: str, posterior, source: str = "posterior"
     from bayesprism.forecast.forecasting import traced_step_time_s
 
     choice = text.strip().lower()
+    if choice == "auto":
+        # the measured step answers "slower than what we see today?"; against each plan's
+        # variability-free step P(slowdown) reads ~1 for every plan and answers nothing
+        try:
+            return baseline_step_time("traced", posterior, source)
+        except InputError:
+            return baseline_step_time("ideal", posterior, source)
     if choice == "ideal":
         return {"kind": "ideal", "step_time_s": None}, None
     if choice == "traced":
         value = traced_step_time_s(posterior, source=source)
         return {"kind": "traced", "step_time_s": value}, value
     if not choice[:1].isdigit() and not choice.startswith("."):
-        raise InputError(Problem("command line", "--baseline", "expected ideal, traced or a "
-                                 "step time such as 250ms or 1.2s", example=text))
+        raise InputError(Problem("command line", "--baseline", "expected auto, ideal, traced "
+                                 "or a step time such as 250ms or 1.2s", example=text))
     value = parse_duration(text, "--baseline")
     return {"kind": "given", "step_time_s": value}, value
 
