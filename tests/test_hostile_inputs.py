@@ -209,6 +209,40 @@ def test_decompressed_size_cap_is_configurable(tmp_path, capsys, monkeypatch):
             names=("BAYESPRISM_MAX_DECOMPRESSED_BYTES", "'lots'"))
 
 
+def test_gzip_decompresses_into_one_buffer_of_its_size(tmp_path):
+    """Issue 21: a gzip input is decompressed into one buffer sized by its trailer, so the peak
+    is the output about once (chunks and their join held it twice); several members and a
+    trailer that lies still read right or fail with a clear error."""
+    import gzip
+    import os
+    import tracemalloc
+
+    from bayesprism.errors import TraceFormatError
+    from bayesprism.ingest.files import read_bytes
+
+    line = b'{"ph": "X", "cat": "kernel", "name": "gemm", "ts": 1234.5, "dur": 12.5},\n'
+    data = line * (60_000_000 // len(line))
+    path = tmp_path / "big.json.gz"
+    path.write_bytes(gzip.compress(data, 1))
+    tracemalloc.start()
+    try:
+        out = read_bytes(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert out == data
+    assert peak < 1.3 * len(data)  # was 2x: the chunks, then their join
+    noise = os.urandom(3 << 20)
+    members = tmp_path / "members.gz"
+    members.write_bytes(gzip.compress(b"head ", 1) + gzip.compress(noise, 1))
+    assert bytes(read_bytes(members)) == b"head " + noise
+    lying = bytearray(gzip.compress(noise, 1))
+    lying[-4:] = (5).to_bytes(4, "little")  # the trailer's size is a hint, never trusted
+    (tmp_path / "lying.gz").write_bytes(lying)
+    with pytest.raises(TraceFormatError, match="corrupt gzip"):
+        read_bytes(tmp_path / "lying.gz")
+
+
 # --------------------------------------------------------------------------- tables
 
 
