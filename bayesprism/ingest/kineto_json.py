@@ -11,6 +11,7 @@ JSON) through the standard library.
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -78,12 +79,17 @@ class _TraceFull(_Metadata, gc=False):
 
 _HEADER_DECODER = msgspec.json.Decoder(_TraceHeader)
 _EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
-#: The event array as the profiler writes it: opened by ARRAY_START, events separated by
-#: EVENT_BOUNDARY ("  }," and "  {" on lines of their own), closed by ARRAY_END. A raw newline
-#: never occurs inside a JSON string, so these can only be structure.
+#: The event array: opened by ARRAY_START, events separated by a boundary, closed by an end.
+#: The profiler writes EVENT_BOUNDARY ("  }," and "  {" on lines of their own) and ARRAY_END;
+#: other writers (one event per line, other indents) use the first separator the array shows
+#: (BOUNDARY_PATTERN), kept for the whole file. A raw newline never occurs inside a JSON string,
+#: so a boundary with one can only be structure; any other false cut (a "},{" inside a
+#: string) fails to decode and the file is read whole.
 ARRAY_START = b'"traceEvents": ['
 EVENT_BOUNDARY = b"\n  },\n  {"
 ARRAY_END = b"\n  }\n  ]"
+BOUNDARY_PATTERN = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
+END_PATTERN = re.compile(rb"\}[ \t\r\n]*\]")
 SLICE_BYTES = 1 << 20
 
 
@@ -190,14 +196,19 @@ class StreamedTrace:
             # pos: the byte before the next event ("[" or ","). Each slice is decoded in place
             # as a JSON list by writing "[" there and "]" over the byte after its last event.
             pos = key + len(ARRAY_START) - 1
+            boundary = EVENT_BOUNDARY
+            if buf.find(boundary, pos) < 0 and (found := BOUNDARY_PATTERN.search(buf, pos)):
+                boundary = bytes(found.group(0))
+            comma = boundary.index(b",")  # from a boundary's start to its comma
             while True:
-                cut = buf.rfind(EVENT_BOUNDARY, pos)
+                cut = buf.rfind(boundary, pos)
                 # The array ends after its last event, so only the tail needs searching.
-                end = buf.find(ARRAY_END, max(pos, cut))
-                if end >= 0:
-                    if buf[pos + 1:end + 4].strip():
-                        yield self._decode(buf, pos, end + 4)
-                    trailer = bytearray(buf[end + len(ARRAY_END):])
+                last = END_PATTERN.search(buf, max(pos, cut))
+                if last is not None:
+                    close = last.start() + 1  # the byte after the last event's "}"
+                    if buf[pos + 1:close].strip():
+                        yield self._decode(buf, pos, close)
+                    trailer = bytearray(buf[last.end():])
                     while block := fh.read(SLICE_BYTES):
                         trailer += block
                         if gz:
@@ -207,8 +218,8 @@ class StreamedTrace:
                     self.metadata = _HEADER_DECODER.decode(prefix + b"[]" + trailer)
                     return
                 if cut > pos:
-                    yield self._decode(buf, pos, cut + 4)
-                    pos = cut + 4  # the "," before the next event
+                    yield self._decode(buf, pos, cut + comma)
+                    pos = cut + comma  # the "," before the next event
                 block = fh.read(SLICE_BYTES)
                 if not block:
                     raise SliceLayoutError  # no end of the array
