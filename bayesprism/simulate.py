@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,6 +223,18 @@ _NCCL_NAME = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<
 _LEVELS = ("node", "gpu", "step", "gpustep", "resid")
 
 
+def _random_seed(random_seed: int | None, seed: int | None) -> int:
+    """``random_seed``, or its earlier name ``seed`` with a FutureWarning, or 0."""
+    if seed is None:
+        return 0 if random_seed is None else random_seed
+    if random_seed is not None:
+        raise InputError(Problem("simulate", "seed", "give 'random_seed' only (the new name "
+                                 "of 'seed')", example=seed))
+    warnings.warn("simulate(): 'seed' is now 'random_seed'; the old name goes in the next "
+                  "release", FutureWarning, stacklevel=3)
+    return seed
+
+
 def simulate(
     out_dir: str | Path,
     *,
@@ -229,7 +242,7 @@ def simulate(
     gpus_per_node: int,
     steps: int,
     degraded_nodes: int = 0,
-    seed: int = 0,
+    random_seed: int | None = None,
     kernels_per_step: int = 200,
     allreduce_buckets: int = 4,
     degraded_shift: float = 6.0,
@@ -238,6 +251,7 @@ def simulate(
     collectives: Mapping[str, Mapping] | None = None,
     gpu_name: str = "NVIDIA H100 80GB HBM3",
     progress: bool = False,
+    seed: int | None = None,
 ) -> dict:
     """Write synthetic Kineto traces of a data-parallel job, one file per rank, plus truth.json.
 
@@ -253,8 +267,10 @@ def simulate(
         Profiled steps per rank (``ProfilerStep#first_step`` ... ).
     degraded_nodes
         How many nodes belong to the slow component of the node population.
-    seed
-        Seed of the only random generator; same arguments and seed give identical bytes.
+    random_seed
+        Seed of the only random generator (default 0); same arguments and seed give identical
+        bytes. ``seed``, its earlier name, is accepted with a ``FutureWarning`` for one
+        release.
     kernels_per_step
         GPU kernels per rank and step, collectives included (at least 40).
     allreduce_buckets
@@ -294,6 +310,7 @@ def simulate(
     _check_arguments(
         nodes, gpus_per_node, steps, degraded_nodes, kernels_per_step, allreduce_buckets
     )
+    seed = _random_seed(random_seed, seed)
     # every step draws from this one generator, in this order: same seed, same bytes
     rng = np.random.default_rng(seed)
     out = Path(out_dir)

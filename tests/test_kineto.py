@@ -261,7 +261,7 @@ def test_one_event_per_line_streams_too(tmp_path, monkeypatch, slice_bytes):
     from bayesprism.simulate import simulate
 
     monkeypatch.setattr(kineto_json, "SLICE_BYTES", slice_bytes)
-    simulate(tmp_path / "sim", nodes=1, gpus_per_node=1, steps=3, seed=0)
+    simulate(tmp_path / "sim", nodes=1, gpus_per_node=1, steps=3, random_seed=0)
     for path in [*GOLDEN_FILES[:1], *sorted((tmp_path / "sim").glob("*.json.gz"))]:
         stream = kineto_json.StreamedTrace(path)
         streamed = kineto_json.scan_events(stream.slices())

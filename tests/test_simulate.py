@@ -23,7 +23,7 @@ FILE_NAME = re.compile(r"^(node-\d{3})_(\d+)\.(\d+)\.pt\.trace\.json\.gz$")
 @pytest.fixture(scope="session")
 def simulated(tmp_path_factory):
     out = tmp_path_factory.mktemp("sim")
-    truth = simulate(out, seed=11, **SIZE)
+    truth = simulate(out, random_seed=11, **SIZE)
     traces = {}
     for name in truth["files"]:
         doc = json.loads(gzip.decompress((out / name).read_bytes()))
@@ -127,9 +127,10 @@ def test_truth_json(simulated):
 def test_same_seed_same_bytes(tmp_path):
     small = dict(nodes=2, gpus_per_node=2, steps=2, kernels_per_step=60)
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
-    simulate(a, seed=5, **small)
-    simulate(b, seed=5, **small)
-    simulate(c, seed=6, **small)
+    simulate(a, random_seed=5, **small)
+    with pytest.warns(FutureWarning, match="'seed' is now 'random_seed'"):
+        simulate(b, seed=5, **small)  # the earlier name, for one release
+    simulate(c, random_seed=6, **small)
     files_a = sorted(p.name for p in a.iterdir())
     assert files_a == sorted(p.name for p in b.iterdir())
     for name in files_a:
@@ -256,9 +257,8 @@ def test_file_name_timestamp_is_deterministic(simulated):
 def test_shipped_synthetic_sample_is_current(package_data, tmp_path):
     """data/synthetic is exactly what its documented command writes (regenerate if this fails)."""
     shipped = package_data / "synthetic"
-    simulate(
-        tmp_path, nodes=2, gpus_per_node=4, steps=5, degraded_nodes=1, seed=1, kernels_per_step=100
-    )
+    simulate(tmp_path, nodes=2, gpus_per_node=4, steps=5, degraded_nodes=1, random_seed=1,
+             kernels_per_step=100)
     names = sorted(p.name for p in shipped.iterdir())
     assert names == sorted(p.name for p in tmp_path.iterdir())
     for name in names:
@@ -286,10 +286,10 @@ def _close(a, b) -> bool:
 
 def test_refuses_a_folder_with_another_simulation(tmp_path):
     small = dict(nodes=1, gpus_per_node=2, steps=1, kernels_per_step=40)
-    simulate(tmp_path, seed=1, **small)
-    simulate(tmp_path, seed=1, **small)  # same arguments: same names, replaced
+    simulate(tmp_path, random_seed=1, **small)
+    simulate(tmp_path, random_seed=1, **small)  # same arguments: same names, replaced
     with pytest.raises(InputError, match=r"out_dir: already holds 2 trace file\(s\)"):
-        simulate(tmp_path, seed=2, **small)
+        simulate(tmp_path, random_seed=2, **small)
 
 
 def test_every_bucket_is_launched_when_buckets_outnumber_layers(tmp_path):

@@ -47,7 +47,7 @@ def run(args) -> int:
         gpus_per_node=args.gpus_per_node,
         steps=args.steps,
         degraded_nodes=args.degraded_nodes,
-        seed=args.random_seed,
+        random_seed=args.random_seed,
         kernels_per_step=args.kernels_per_step,
         progress=not args.quiet,
     )
