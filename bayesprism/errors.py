@@ -6,6 +6,7 @@ can print one line per problem and exit 2 without a traceback.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -93,3 +94,28 @@ class ConvergenceWarning(UserWarning):
 
 class ArtifactWarning(UserWarning):
     """A saved artifact was written by another bayesprism version (read, but said)."""
+
+
+def renamed_keyword(function: str, new: str, new_value, old: str, old_value, default):
+    """The value of a keyword renamed for one release: ``new_value``, else ``old_value`` with a
+    ``FutureWarning`` (the old name goes in the next release), else ``default``.
+
+    Raises
+    ------
+    InputError
+        If both names are given.
+
+    Examples
+    --------
+    >>> renamed_keyword("simulate", "random_seed", 3, "seed", None, 0)
+    3
+    """
+    if old_value is None:
+        return default if new_value is None else new_value
+    if new_value is not None:
+        raise InputError(Problem(function, old, f"give {new!r} only (the new name of {old!r})",
+                                 example=old_value))
+    warnings.warn(f"{function}(): {old!r} is now {new!r}; the old name goes in the next "
+                  "release", FutureWarning, stacklevel=3)
+    return old_value
+

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from bayesprism.costs.collectives import transfer_time_us
-from bayesprism.errors import InputError, Problem
+from bayesprism.errors import InputError, Problem, renamed_keyword
 from bayesprism.ingest.classify import normalize_kernel_name
 
 # tqdm is imported only when a progress bar is shown (start-up time).
@@ -223,18 +222,6 @@ _NCCL_NAME = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<
 _LEVELS = ("node", "gpu", "step", "gpustep", "resid")
 
 
-def _random_seed(random_seed: int | None, seed: int | None) -> int:
-    """``random_seed``, or its earlier name ``seed`` with a FutureWarning, or 0."""
-    if seed is None:
-        return 0 if random_seed is None else random_seed
-    if random_seed is not None:
-        raise InputError(Problem("simulate", "seed", "give 'random_seed' only (the new name "
-                                 "of 'seed')", example=seed))
-    warnings.warn("simulate(): 'seed' is now 'random_seed'; the old name goes in the next "
-                  "release", FutureWarning, stacklevel=3)
-    return seed
-
-
 def simulate(
     out_dir: str | Path,
     *,
@@ -310,7 +297,7 @@ def simulate(
     _check_arguments(
         nodes, gpus_per_node, steps, degraded_nodes, kernels_per_step, allreduce_buckets
     )
-    seed = _random_seed(random_seed, seed)
+    seed = renamed_keyword("simulate", "random_seed", random_seed, "seed", seed, 0)
     # every step draws from this one generator, in this order: same seed, same bytes
     rng = np.random.default_rng(seed)
     out = Path(out_dir)

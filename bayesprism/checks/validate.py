@@ -16,7 +16,6 @@ Scores are those of :mod:`bayesprism.checks.metrics`; baselines are in
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -35,7 +34,7 @@ from bayesprism.checks.baselines import (
 from bayesprism.checks.row_predictive import predict_rows
 from bayesprism.checks.splits import concat_tables, split_table
 from bayesprism.costs.collectives import launch_work_us
-from bayesprism.errors import InputError, Problem
+from bayesprism.errors import InputError, Problem, renamed_keyword
 from bayesprism.forecast.forecasting import forecast
 from bayesprism.inference import fit
 from bayesprism.inventory import is_step_table
@@ -267,22 +266,6 @@ def fit_bayesprism(
                progress=progress)
 
 
-def _renamed(new: str, new_value, old: str, old_value, default):
-    """Return the value of a renamed keyword.
-
-    The new one, else the old one with a FutureWarning (it goes in the next release), else the
-    default.
-    """
-    if old_value is None:
-        return default if new_value is None else new_value
-    if new_value is not None:
-        raise InputError(Problem("validate", old, f"give {new!r} only (the new name of {old!r})",
-                                 example=old_value))
-    warnings.warn(f"validate(): {old!r} is now {new!r}; the old name goes in the next release",
-                  FutureWarning, stacklevel=3)
-    return old_value
-
-
 def validate(
     fit_tables: pd.DataFrame | Sequence[pd.DataFrame],
     heldout_tables: pd.DataFrame | Sequence[pd.DataFrame] | None = None,
@@ -343,8 +326,8 @@ def validate(
     >>> fit_part, heldout = split_table(table, "ranks", fraction=0.25)  # doctest: +SKIP
     >>> scores = validate(fit_part, heldout)  # doctest: +SKIP
     """
-    spec = _renamed("spec", spec, "model", model, None)
-    seed = _renamed("random_seed", random_seed, "seed", seed, 0)
+    spec = renamed_keyword("validate", "spec", spec, "model", model, None)
+    seed = renamed_keyword("validate", "random_seed", random_seed, "seed", seed, 0)
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise InputError(

@@ -323,6 +323,7 @@ def _traced_gaps_us(
     slow = _resid_slow(group)
     # the traced steps are the fitted ones: each counts once
     step_noise = flat_draws(group["step_noise"]) if "step_noise" in group else None
+    small_latency = _small_latency(group)
     for k, (name, cls) in enumerate(zip(names, classes, strict=True)):
         if name in medians:
             typical_us = np.exp(flat_draws(group["kernel_log_median"].sel(kernel=name)))
@@ -343,7 +344,7 @@ def _traced_gaps_us(
             mean_us[:, k] = collectives.transfer_time_us(
                 cls, size, np.nan_to_num(nbytes), params["coll_latency_us"],
                 params["coll_bandwidth_gbps"],
-                small_latency_log_ratio=_small_latency(group).get(tier, 0.0))
+                small_latency_log_ratio=small_latency.get(tier, 0.0))
     busy = xr.DataArray(mean_us, dims=("sample", "kernel"), coords={"kernel": names})
     busy = (busy * launches).sum("kernel")
     gap = (inventory["traced_step_time_us"] - busy).median("sample")
