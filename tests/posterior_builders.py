@@ -113,6 +113,14 @@ def _per_collective(value: float | Mapping[str, float], collectives: Sequence[st
     return [value] * len(collectives)
 
 
+def _per_pair(value: float | Mapping[str, float], collectives: Sequence[str]) -> list:
+    """One value per (collective, tier) pair, as a fit has ``coll_congestion``: a number shared
+    by all, or a mapping by ``"collective/tier"`` or by collective for both tiers (unlisted: 0)."""
+    if not isinstance(value, Mapping):
+        return [value] * (2 * len(collectives))
+    return [value.get(f"{c}/{t}", value.get(c, 0.0)) for c in collectives for t in TIERS]
+
+
 def kernel_posterior(
     kernels: Mapping[str, Mapping],
     *,
@@ -205,7 +213,7 @@ def kernel_posterior(
         "coll_latency_us": const(per_tier(latency_us), "collective", "tier"),
         "coll_bandwidth_gbps": const(per_tier(bandwidth_gbps), "collective", "tier"),
         "coll_noise": const(_per_collective(coll_noise, collectives), "collective"),
-        "coll_congestion": const(_per_collective(coll_congestion, collectives), "collective"),
+        "coll_congestion": const(_per_pair(coll_congestion, collectives), "coll_pair"),
     }
     if degraded_link is not None:
         post["coll_degraded_rate"] = const(degraded_link[0])
@@ -215,7 +223,8 @@ def kernel_posterior(
         post[f"{level}_scale"] = const([chosen.get(c, 0.0) for c in classes], "kernel_class")
     coords: dict = {"chain": np.arange(chains), "draw": np.arange(draws), "kernel": names,
                     "kernel_class": list(classes), "collective": list(collectives),
-                    "tier": list(TIERS)}
+                    "tier": list(TIERS),
+                    "coll_pair": [f"{c}/{t}" for c in collectives for t in TIERS]}
     for name, value in (population_params or {}).items():
         post[name] = const(value)
     if measured_nodes:

@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
+import xarray as xr
 from posterior_builders import GEMM_SPREAD, gemm_only, kernel_posterior, quiet_compose
 from scipy import stats
 
@@ -74,6 +75,30 @@ def test_data_parallel_ring_collectives(dp, sharding, overlap, comm_us):
     np.testing.assert_allclose(steps.step_time_s, (1000.0 + comm_us) * 1e-6)
     np.testing.assert_allclose(steps.exposed_comm_s, comm_us * 1e-6)
     np.testing.assert_allclose(steps.compute_s, 1000.0 * 1e-6)
+
+
+def test_a_steps_congestion_is_shared_by_all_transfers_of_a_tier():
+    """ZeRO-1 over 16 ranks on 2 nodes: the reduce-scatter and the all-gather cross the same
+    inter-node links in the same step, so one congestion draw moves both. Their total is the
+    deterministic cost times exp(0.1 eta): log sd 0.1 (independent draws would give 0.071)."""
+    post = dp_posterior(draws=1, coll_congestion={"reducescatter/inter": 0.1,
+                                                  "allgather/inter": 0.1})
+    plan = ParallelPlan(dp=16, sharding="zero1")
+    steps = compose(post, plan, replicates=4000, rng=np.random.default_rng(0))
+    comm_us = 2 * 2 * (10 * 15 + 1e8 * 15 / 16 / 25e3)
+    log_ratio = np.log(steps.exposed_comm_s / (comm_us * 1e-6))
+    assert float(np.std(log_ratio)) == pytest.approx(0.1, rel=0.05)
+    assert float(np.mean(log_ratio)) == pytest.approx(0.0, abs=0.01)
+
+
+def test_a_posterior_with_one_congestion_per_collective_still_forecasts():
+    """Posteriors fitted before congestion was per (collective, tier) key it by collective."""
+    post = dp_posterior(draws=1)
+    group = post["posterior"].to_dataset()
+    old = xr.full_like(group["coll_noise"], 0.1)  # dims (chain, draw, collective)
+    post["posterior"] = xr.DataTree(group.drop_vars("coll_congestion").assign(coll_congestion=old))
+    steps = compose(post, ParallelPlan(dp=16), replicates=4000, rng=np.random.default_rng(0))
+    assert float(np.std(np.log(steps.exposed_comm_s))) == pytest.approx(0.1, rel=0.05)
 
 
 def test_tensor_parallel_synthesised_from_activation_bytes():

@@ -76,14 +76,26 @@ class Source:
     labels: tuple[str, ...] | None  # None: every label of ``dim``
     weights: tuple[str, ...] = ()
 
+    def selection(self, var: xr.DataArray) -> dict:
+        """The labels of ``var`` this source covers.
+
+        All of them, its own, or, for a collective, its (collective, tier) pairs in a variable
+        per pair (``coll_congestion``).
+        """
+        if self.labels is None:
+            return {}
+        if self.dim == "collective" and "coll_pair" in var.dims:
+            pairs = [str(p) for p in var["coll_pair"].to_numpy()]
+            return {"coll_pair": [p for p in pairs if p.split("/")[0] in self.labels]}
+        return {self.dim: list(self.labels)}
+
     def edit(self, group: xr.Dataset, multiplier: float) -> xr.Dataset:
         """``group`` with this source's spread times ``multiplier`` (0: removed)."""
-        selection = {} if self.labels is None else {self.dim: list(self.labels)}
         for name in self.variables:
-            group = scale_variable(group, name, multiplier, **selection)
+            group = scale_variable(group, name, multiplier, **self.selection(group[name]))
         if multiplier == REMOVED:
             for name in self.weights:
-                group = scale_variable(group, name, REMOVED, **selection)
+                group = scale_variable(group, name, REMOVED, **self.selection(group[name]))
         return group
 
     def has_spread(self, group: xr.Dataset) -> bool:
@@ -93,8 +105,7 @@ class Source:
         """
         for name in self.variables:
             var = group[name]
-            if self.labels is not None:
-                var = var.sel({self.dim: list(self.labels)})
+            var = var.sel(self.selection(var))
             if bool((np.abs(var) > 0).any()):
                 return True
         return False
@@ -128,7 +139,7 @@ def sources_of(group: xr.Dataset) -> list[Source]:
         out.extend(Source(c, level, names, "kernel_class", (c,), weights) for c in classes)
     spread = tuple(name for name in COLLECTIVE_SPREAD if name in group)
     if spread:
-        collectives = [str(c) for c in group[spread[0]]["collective"].to_numpy()]
+        collectives = [str(c) for c in group.coords["collective"].to_numpy()]
         out.append(Source("all", "collective", spread, "collective", None))
         out.extend(Source(c, "collective", spread, "collective", (c,)) for c in collectives)
     if DEGRADED_LINK_RATE in group:  # fitted; a prior-only rate has no variable to edit

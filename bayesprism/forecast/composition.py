@@ -21,7 +21,8 @@ step, moment-matched by one lognormal factor (mean ``E[exp(resid)]``, relative v
 ``sum_k n_k d_k^2 (e^{s^2}-1) e^{s^2} / (sum_k n_k d_k e^{s^2/2})^2``); fluctuations from one
 micro-batch to the next within a step are therefore neglected (CV ~ s/sqrt(n), below 1% for
 hundreds of launches). Collective transfers get one lognormal noise factor per step per term,
-moment-matched the same way, times ``exp(coll_congestion * eta)`` with ``eta`` shared by the step.
+moment-matched the same way, times ``exp(coll_congestion * eta)`` with ``eta`` shared by all
+traffic of the tier in the step.
 A cluster (a draw) has a node with a degraded inter-node link with probability
 ``1 - (1 - coll_degraded_rate)^nodes``; then every inter-node transfer of every step moves its
 bytes ``exp(coll_degraded_log_slowdown)`` times slower (one slow group holds up the step).
@@ -218,8 +219,8 @@ def _draw_shared(model: PlanModel, replicates: int, rng: np.random.Generator,
     degraded = (fabric.random(d) < model.degraded_prob if model.degraded_prob is not None
                 else np.zeros(d, dtype=bool))
     w = rng.standard_normal((d, r))
-    kinds = sorted({c.kind for c in model.comms})
-    eta = {kind: rng.standard_normal((d, r)) for kind in kinds}
+    keys = sorted({c.congestion_key for c in model.comms})
+    eta = {key: rng.standard_normal((d, r)) for key in keys}
     totals = {key: np.zeros((d, r)) for key in ("stage", "p2p", "dp", "fallback")}
     per_stage = {key: np.zeros((d, r, model.plan.pp)) for key in ("stage", "dp")}
     for term in model.comms:
@@ -227,7 +228,7 @@ def _draw_shared(model: PlanModel, replicates: int, rng: np.random.Generator,
         factor = np.exp(
             term.noise_mean_log[:, None]
             + term.noise_sd_log[:, None] * xi
-            + term.congestion_sd[:, None] * eta[term.kind]
+            + term.congestion_sd[:, None] * eta[term.congestion_key]
         )
         det = term.det_us
         if term.degraded_extra_us is not None:

@@ -405,7 +405,9 @@ class PosteriorArrays:
     # probability ``rate``, and inter-node transfers then move their bytes exp(slowdown) times
     # slower (bayesprism.model.kernel); None without a cost model
     degraded_link: tuple[np.ndarray, np.ndarray] | None
-    coll_spread: dict  # (variable, collective) -> (D,): coll_noise, coll_congestion
+    # (variable, key) -> (D,): ("coll_noise", collective), ("coll_congestion",
+    # "collective/tier") (older posteriors, with one congestion per collective: by collective)
+    coll_spread: dict
     idle: IdleLaw
     # kernel class -> (resid_slow_weight, resid_slow_shift, resid_slow_sd), each (D,): the slow
     # component of a ``mixture`` residual (empty for other likelihoods)
@@ -528,9 +530,10 @@ def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
                     coll_cost[(name, c, t)] = values[:, i, j]
     for name in ("coll_noise", "coll_congestion"):
         if name in group:
-            da = group[name].transpose("chain", "draw", "collective")
+            by = "coll_pair" if "coll_pair" in group[name].dims else "collective"
+            da = group[name].transpose("chain", "draw", by)
             values = flat_draws(da)
-            for i, c in enumerate(da["collective"].to_numpy().astype(str)):
+            for i, c in enumerate(da[by].to_numpy().astype(str)):
                 coll_spread[(name, c)] = values[:, i]
     return PosteriorArrays(
         resid_slow=_resid_slow(group),
@@ -598,7 +601,9 @@ def _stage_launches(inventory: xr.Dataset) -> np.ndarray | None:
 class CommTerm:
     """One kind of collective traffic of the target plan, deterministic per draw."""
 
-    kind: str  # collective class, for congestion
+    # what shares the step's congestion draw: the tier (all its bandwidth-bound transfers move
+    # together from step to step, on the dev job's traces), or a class of its own
+    congestion_key: str
     where: str  # "stage" (per micro-batch, blocks compute), "p2p", "dp", "fallback"
     det_us: np.ndarray  # (D,) total per step for the rank (per micro-batch & direction for p2p)
     noise_mean_log: np.ndarray  # (D,)
@@ -1167,15 +1172,27 @@ def _comm_term(arrays: PosteriorArrays, spec: CommSpec, per_draw, typical: bool,
         extra = count * (collectives.transfer_time_us(kind, size, nbytes, latency, slowed,
                                                       spec.algorithm, rho) - one)
 
-    def scalar(name: str) -> np.ndarray:
-        values = arrays.coll_spread.get((name, source))
+    def scalar(name: str, key: str) -> np.ndarray:
+        values = arrays.coll_spread.get((name, key))
         if typical or values is None:
             return np.zeros(draws)
         return values
 
-    noise = scalar("coll_noise")
+    noise = scalar("coll_noise", source)
     launches = max(count, 1.0)
     rel_var = np.expm1(noise**2) / launches
     s2 = np.log1p(rel_var)
-    return CommTerm(kind, where, count * one, 0.5 * noise**2 - 0.5 * s2, np.sqrt(s2),
-                    scalar("coll_congestion"), stage, extra)
+    return CommTerm(tier, where, count * one, 0.5 * noise**2 - 0.5 * s2, np.sqrt(s2),
+                    scalar("coll_congestion", _congestion_key(arrays.coll_spread, source, tier)),
+                    stage, extra)
+
+
+def _congestion_key(spread: dict, collective: str, tier: str) -> str:
+    """Whose fitted congestion scale a collective's transfers in a tier take: their own pair's,
+    else the collective's other tier's (as its cost is extrapolated from that tier), else the
+    collective's (older posteriors)."""
+    for key in (f"{collective}/{tier}", *(f"{collective}/{t}" for t in collectives.TIERS),
+                collective):
+        if ("coll_congestion", key) in spread:
+            return key
+    return collective

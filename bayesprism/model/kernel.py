@@ -28,7 +28,8 @@ Fitting choices (measured, see the benchmark and tests):
   population-location uncertainty stays in a_k; nested levels (GPUs, steps, nodes within
   cabinets) are zero-sum within their group (``bayesprism.model.effects.unit_level``).
 * Collectives with ``transfer_us``: ring cost model (``bayesprism.costs.collectives``) per
-  collective and tier, lognormal noise, per-step congestion integrated out like z_(g,s).
+  collective and tier, lognormal noise per collective, per-step congestion per collective and
+  tier integrated out like z_(g,s).
   Latency and bandwidth are sampled as each (collective, tier)'s log transfer time at a
   reference point inside its data and the logit of the latency share there, whitened by the
   Gauss-Newton curvature at the mode (``_collective_part``): the same posterior as the plain
@@ -722,8 +723,10 @@ def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all,
     ``coll_cell_log_bytes_rel`` are the cells' latency steps and bus bytes relative to that
     point (log); ``coll_cell_log_nodes_rel`` is log(nodes / 2) of inter-node cells (0 for
     intra-node ones), the argument of the fabric exponent. ``coll_cell_scale`` indexes the
-    noise and congestion scales: the collective's, or for cells of benchmark runs of a
-    collective the job also shows, the ``coll_benchmarked`` ones after them.
+    noise scales: the collective's, or for cells of benchmark runs of a collective the job
+    also shows, the ``coll_benchmarked`` ones after them. ``coll_cell_congestion`` indexes the
+    congestion scales: the (collective, tier) pair's, or those benchmark cells' own after the
+    pairs'; the congestion groups ``coll_cell_group`` are (congestion scale, step).
     """
     idx = np.flatnonzero(usable)
     nbytes = np.concatenate([
@@ -763,7 +766,6 @@ def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all,
             lat_steps[m] = coll.latency_steps(name, p[m], algorithm)
         m = cj == k
         bw_factor[m] = coll.bandwidth_factor(name, p[m])
-    congestion_group, _ = _factorize(cj * len(s_keys) + cells.codes["s"])
     # Benchmark runs (run metadata ``benchmark``, e.g. nccl-tests) time transfers on other
     # nodes, in other sessions, averaged over iterations: they pin latency and bandwidth, but
     # their spread is not the traced job's. Where a collective has both, the benchmark cells
@@ -780,6 +782,15 @@ def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all,
     scale = cj.copy()
     split = cell_bench & np.isin(cj, benchmarked)
     scale[split] = len(modelled) + np.searchsorted(benchmarked, cj[split])
+    pair, pair_keys = _factorize(cj * 2 + ct)
+    # Congestion per (collective, tier): one collective's tiers are different networks (the
+    # dev job's data-parallel transfers move by 3 % from step to step, its intra-node tensor-
+    # parallel collectives hold still, and one scale for both took the first for the second).
+    # Benchmark cells of a collective the job also shows keep a scale of their own, as for the
+    # noise. A group is (congestion scale, step).
+    congestion = pair.copy()
+    congestion[split] = len(pair_keys) + np.searchsorted(benchmarked, cj[split])
+    congestion_group, _ = _factorize(congestion * len(s_keys) + cells.codes["s"])
 
     # Degraded-link units: the transfers that one allocation of nodes times together, all
     # slow at once when one of its nodes has a degraded link. A benchmark sweep is one
@@ -799,7 +810,6 @@ def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all,
     # Reference point of each observed (collective, tier): the geometric mean of its cells'
     # latency steps and bus bytes (each cell, i.e. each step of each size, one vote): inside
     # the data, so the log transfer time there is what they pin, whatever the latency share.
-    pair, pair_keys = _factorize(cj * 2 + ct)
     pair_coll, pair_tier = pair_keys // 2, pair_keys % 2
     per_pair = np.bincount(pair).astype(float)
     ref_steps = np.exp(np.bincount(pair, weights=np.log(lat_steps)) / per_pair)
@@ -822,6 +832,7 @@ def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all,
         "coll_cell_mean": cells.mean, "coll_cell_ss": cells.ss,
         "coll_observed_tiers": observed_tiers,
         "coll_cell_pair": pair, "coll_cell_scale": scale, "coll_cell_benchmark": cell_bench,
+        "coll_cell_congestion": congestion,
         "coll_cell_log_latency_rel": np.log(lat_steps / ref_steps[pair]),
         "coll_cell_log_bytes_rel": np.log(b * bw_factor / ref_factor[pair]),
         "coll_cell_log_nodes_rel": np.where(
@@ -1186,10 +1197,9 @@ def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]
     """Centre and whitening of the cost model's coordinates (NumPy only).
 
     The coordinates are, per pair, the log transfer time ``m`` at its reference point and the
-    logit ``s`` of its latency share there. Their posterior is far from independent: all
-    transfers of a collective in a step share the congestion, so the tiers' reference times
-    move together wherever one source observes both (a trace: correlation ≈ 1), and a pair
-    whose sizes are observed unevenly ties ``m`` to ``s``. A diagonal mass matrix cannot follow
+    logit ``s`` of its latency share there. Their posterior is far from independent: a pair
+    whose sizes are observed unevenly ties ``m`` to ``s``, and the small-message ratio ρ ties
+    the pairs of a tier together. A diagonal mass matrix cannot follow
     that, so the model samples ``θ = θ̂ + L·z`` with ``θ̂`` the mode and ``L Lᵀ`` the inverse
     Gauss-Newton information there: of the likelihood with the congestion integrated out
     (exactly as the model does, with noise and congestion scales estimated from the residuals)
@@ -1213,10 +1223,11 @@ def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]
     y, n, ss = d["coll_cell_mean"], d["coll_cell_n"], d["coll_cell_ss"]
     lat_rel, bytes_rel = d["coll_cell_log_latency_rel"], d["coll_cell_log_bytes_rel"]
     coll_of_cell, group = d["coll_cell_scale"], d["coll_cell_group"]
-    n_coll = int(coll_of_cell.max()) + 1  # noise/congestion scales, one per collective+source
+    n_coll = int(coll_of_cell.max()) + 1  # noise scales, one per collective+source
     n_groups = int(group.max()) + 1
-    coll_of_group = np.zeros(n_groups, dtype=np.int64)
-    coll_of_group[group] = coll_of_cell
+    n_cong = int(d["coll_cell_congestion"].max()) + 1  # congestion scales: tiers, benchmarks
+    cong_of_group = np.zeros(n_groups, dtype=np.int64)
+    cong_of_group[group] = d["coll_cell_congestion"]
     log_steps = np.log(d["coll_pair_latency_steps"])
     log_factor = np.log(d["coll_pair_bytes_factor"] / 1e3)
     prior_lat, prior_bw = _prior_medians(d, spec)
@@ -1269,7 +1280,8 @@ def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]
         lat_eff = lat_rel + rho_cells @ rho
         h = _log_share_shape(logit[pair], lat_eff, bytes_rel)
         r = y - log_time[pair] - h
-        # scales: pooled within-group spread and the groups' mean shifts, per collective
+        # scales: pooled within-group spread per collective, and the groups' mean shifts per
+        # congestion scale
         n_g = np.bincount(group, weights=n, minlength=n_groups)
         r_g = np.bincount(group, weights=n * r, minlength=n_groups) / n_g
         spread = ss + n * (r - r_g[group]) ** 2
@@ -1277,9 +1289,11 @@ def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]
         # and a zero one would make the whitening collapse the coordinates
         noise2 = np.maximum(np.bincount(coll_of_cell, weights=spread, minlength=n_coll)
                             / np.bincount(coll_of_cell, weights=n, minlength=n_coll), 1e-4)
-        shift2 = np.maximum(r_g**2 - noise2[coll_of_group] / n_g, 0.0)
-        cong2 = np.maximum(np.bincount(coll_of_group, weights=shift2, minlength=n_coll)
-                           / np.bincount(coll_of_group, minlength=n_coll), 1e-6)
+        noise2_g = (np.bincount(group, weights=n * noise2[coll_of_cell], minlength=n_groups)
+                    / n_g)
+        shift2 = np.maximum(r_g**2 - noise2_g / n_g, 0.0)
+        cong2 = np.maximum(np.bincount(cong_of_group, weights=shift2, minlength=n_cong)
+                           / np.maximum(np.bincount(cong_of_group, minlength=n_cong), 1), 1e-6)
         jac = np.zeros((pair.size, n_par))
         jac[cols, pair] = 1.0
         # d log(σℓ + (1−σ)f) / ds = (latency share at the cell) − (share at the reference)
@@ -1291,7 +1305,7 @@ def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]
         np.add.at(a_g, group, u[:, None] * jac)
         u_g = np.bincount(group, weights=u, minlength=n_groups)
         ru_g = np.bincount(group, weights=u * r, minlength=n_groups)
-        k_g = cong2[coll_of_group] / (1.0 + cong2[coll_of_group] * u_g)
+        k_g = cong2[cong_of_group] / (1.0 + cong2[cong_of_group] * u_g)
         info = jac.T @ (u[:, None] * jac) - (a_g * k_g[:, None]).T @ a_g
         score = jac.T @ (u * r) - (a_g * k_g[:, None]).T @ ru_g
         # priors on log latency = m + log σ(s) − log steps, log bandwidth = log f − m − log(1−σ)
@@ -1344,7 +1358,7 @@ def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]
         onehot = np.zeros((m.sum(), g_codes.size))
         onehot[np.arange(m.sum()), g] = 1.0
         u_g = u @ onehot
-        k_g = cong2[coll_of_group[g_codes]] / (1.0 + cong2[coll_of_group[g_codes]] * u_g)
+        k_g = cong2[cong_of_group[g_codes]] / (1.0 + cong2[cong_of_group[g_codes]] * u_g)
         # m̂(s): the generalised least squares level of the pair's cells
         r_g = (r * u) @ onehot
         level = ((r_g * (1.0 - k_g * u_g)).sum(axis=1)
@@ -1474,7 +1488,7 @@ def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
     pm.Deterministic("coll_bandwidth_gbps", pt.exp(log_bw), dims=("collective", "tier"))
     noise = pm.HalfNormal("coll_noise", spec.prior("coll_noise"), dims="collective")
     congestion = pm.HalfNormal("coll_congestion", spec.prior("coll_congestion"),
-                               dims="collective")
+                               dims="coll_pair")
     if "coll_benchmarked" in prepared.coords:
         noise = pt.concatenate([noise, pm.HalfNormal(
             "coll_bench_noise", spec.prior("coll_noise"), dims="coll_benchmarked")])
@@ -1492,7 +1506,8 @@ def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
     var = noise[j] ** 2
     group = d["coll_cell_group"]
     n_groups = int(group.max()) + 1
-    b_g = segment_sum(congestion[j] ** 2 * n / var, group, n_groups)
+    c = congestion[d["coll_cell_congestion"]]
+    b_g = segment_sum(c**2 * n / var, group, n_groups)
     unit, inter_unit = d["coll_cell_unit"], d["coll_unit_inter"]
     n_units = inter_unit.size
     unit_of_group = np.zeros(n_groups, dtype=np.int64)
@@ -1500,10 +1515,10 @@ def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
 
     def unit_loglik(mu):
         """Log likelihood of each degraded-link unit's cells given their log means, with the
-        per-step congestion shared by all transfers of a collective in a step integrated out."""
+        per-step congestion of each (collective, tier) integrated out."""
         cell = (-0.5 * n * np.log(2.0 * np.pi) - n * pt.log(noise[j])
                 - (ss + n * (mean - mu) ** 2) / (2.0 * var))
-        a_g = segment_sum(congestion[j] * n * (mean - mu) / var, group, n_groups)
+        a_g = segment_sum(c * n * (mean - mu) / var, group, n_groups)
         shared = -0.5 * pt.log1p(b_g) + a_g**2 / (2.0 * (1.0 + b_g))
         return (segment_sum(cell, unit, n_units)
                 + segment_sum(shared, unit_of_group, n_units))
