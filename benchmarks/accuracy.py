@@ -129,7 +129,7 @@ def residual_variants(fit_table, held, model: str, post, result: pd.DataFrame, a
 
 
 def scored(case: str, result: pd.DataFrame, seconds: float, rows: list, figures: Path | None):
-    from bayesprism.checks.validate import plot_pit_histogram
+    from bayesprism.report.plots import plot_pit_histogram
 
     pits = result.attrs.get("pit")
     result = result.copy()
