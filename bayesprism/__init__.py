@@ -19,6 +19,11 @@ _API = {
     "read_table": "bayesprism.schema",
     "write_table": "bayesprism.schema",
     "summarize_table": "bayesprism.ingest.summary",
+    # statistics artifacts: a fit's input without the traces
+    "statistics_of": "bayesprism.statistics",
+    "ingest_statistics": "bayesprism.statistics",
+    "read_statistics": "bayesprism.statistics",
+    "write_statistics": "bayesprism.statistics",
     # models and fitting
     "ModelSpec": "bayesprism.spec",
     "fit": "bayesprism.inference",

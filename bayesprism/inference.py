@@ -12,13 +12,11 @@ draws of an approximation: only NUTS runs are checked.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
 import time
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +25,11 @@ import xarray as xr
 
 from bayesprism._version import __version__
 from bayesprism.errors import ConvergenceWarning, InputError, Problem
-from bayesprism.inventory import kernel_inventory
 from bayesprism.io import ARTIFACT_SCHEMA_VERSION, clean_attrs
-from bayesprism.model import build, prepare
-from bayesprism.schema import select_runs, signature_as_kernel
+from bayesprism.model import build, prepare, prepare_statistics
+from bayesprism.schema import signature_as_kernel
 from bayesprism.spec import ModelSpec
+from bayesprism.statistics.artifact import TraceStatistics, input_digest, traced_inventory
 
 # PyMC, nutpie and ArviZ are imported inside the functions that sample: start-up time
 # (`import bayesprism.inference` must not load them; nutpie and pymc-extras are optional).
@@ -41,20 +39,6 @@ ESS_PER_CHAIN = 100
 SAMPLERS: tuple[str, ...] = ("auto", "nutpie", "pymc", "advi", "pathfinder")
 #: Iterations of ADVI (stops earlier when the parameters converge).
 ADVI_ITERATIONS = 30_000
-
-
-def input_digest(tables: Sequence[pd.DataFrame]) -> str:
-    """SHA-256 (16 hex digits) of the tables' content: columns, dtypes, values and attrs.
-
-    Independent of the process (pandas' row hashing uses a fixed key), so the same input gives
-    the same digest in every run.
-    """
-    digest = hashlib.sha256()
-    for table in tables:
-        digest.update(json.dumps([[str(c), str(t)] for c, t in table.dtypes.items()]).encode())
-        digest.update(pd.util.hash_pandas_object(table, index=False).to_numpy().tobytes())
-        digest.update(json.dumps(table.attrs, sort_keys=True, default=str).encode())
-    return digest.hexdigest()[:16]
 
 
 def _as_tables(tables) -> list[pd.DataFrame]:
@@ -106,42 +90,6 @@ def _resolve_sampler(sampler: str) -> str:
             f"downgrade PyMC (pymc-extras pins pymc<6.4, installed {pm.__version__}): use 'advi' "
             "for a fast approximation", example=sampler))
     return sampler
-
-
-#: Run formats of micro-benchmarks: fitted with the traces (they inform collective costs and
-#: the node population) but not part of the traced job whose inventory the forecast replays.
-BENCHMARK_FORMATS = ("nccl-tests", "benchmark")
-
-
-def _traced_tables(tables: list[pd.DataFrame]) -> list[pd.DataFrame]:
-    """The tables (or runs) of the traced job, without micro-benchmark runs.
-
-    All of them when every run is a benchmark.
-    """
-    out = []
-    for table in tables:
-        runs = table.attrs.get("runs") or {}
-        bench = {r for r, meta in runs.items() if (meta or {}).get("benchmark")
-                 or (meta or {}).get("format") in BENCHMARK_FORMATS}
-        if not bench:
-            out.append(table)
-        elif len(bench) < len(runs):
-            out.append(select_runs(table, [r for r in runs if r not in bench]))
-    return out or tables
-
-
-def _combined_table(tables: list[pd.DataFrame]) -> pd.DataFrame:
-    """One table with the union of the tables' run metadata (for the inventory)."""
-    if len(tables) == 1:
-        return tables[0]
-    combined = pd.concat(tables, ignore_index=True)
-    runs: dict = {}
-    notes: list = []
-    for t in tables:
-        runs.update(t.attrs.get("runs") or {})
-        notes.extend(t.attrs.get("notes") or [])
-    combined.attrs = {**tables[0].attrs, "runs": runs, "notes": notes}
-    return combined
 
 
 #: nutpie-compiled models of this process by (spec hash, input digest, backend): refitting the
@@ -311,7 +259,10 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
     Parameters
     ----------
     tables
-        One trace table or a list of them (``bayesprism.schema``).
+        One trace table or a list of them (``bayesprism.schema``), or their statistics
+        (:class:`~bayesprism.statistics.TraceStatistics`, e.g.
+        :func:`~bayesprism.statistics.read_statistics` of a statistics artifact: the same
+        posterior as from the tables, for the kernel-level model with a lognormal residual).
     spec
         A :class:`~bayesprism.spec.ModelSpec`, a spec name (``"default"``, ``"step"``, ...) or a
         TOML path. ``None`` means ``ModelSpec.default()``, or the step spec when every row is a
@@ -353,8 +304,13 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
     >>> posterior = bp.fit(table, "default", random_seed=0)  # doctest: +SKIP
     >>> posterior.attrs["model_kind"]  # doctest: +SKIP
     'kernel'
+    >>> stats = bp.read_statistics("stats.parquet")  # doctest: +SKIP
+    >>> bp.fit(stats, "default", random_seed=0).attrs["input_kind"]  # doctest: +SKIP
+    'statistics'
     """
-    tables = [signature_as_kernel(t) for t in _as_tables(tables)]
+    stats = tables if isinstance(tables, TraceStatistics) else None
+    if stats is None:
+        tables = [signature_as_kernel(t) for t in _as_tables(tables)]
     problems = [
         Problem("fit", name, "must be a positive integer", example=value)
         for name, value in (("draws", draws), ("chains", chains))
@@ -369,16 +325,24 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
                                 example=target_accept))
     if problems:
         raise InputError(problems)
-    spec = _resolve_spec(spec, tables)
+    if stats is None:
+        spec = _resolve_spec(spec, tables)
+    else:  # statistics hold kernel cells only
+        spec = ModelSpec.default() if spec is None else _resolve_spec(spec, [])
     sampler = _resolve_sampler(sampler)
     if sampler == "nutpie" and tune == 0:  # nutpie's adaptation panics without warm-up
         raise InputError(Problem("fit", "tune", "nutpie needs tune >= 1; use sampler='pymc' "
                                  "to sample without warm-up", example=tune))
-    prepared = prepare(tables, spec)
-    inventory = kernel_inventory(_combined_table(_traced_tables(tables)))
+    if stats is None:
+        prepared = prepare(tables, spec)
+        inventory = traced_inventory(tables)
+        digest = input_digest(tables)
+    else:  # the same arrays, inventory and digest as from the tables summarised
+        prepared = prepare_statistics(stats.model, spec, source=stats.source or "statistics")
+        inventory = stats.inventory.copy()
+        digest = stats.input_digest
     model = build(prepared, spec)
 
-    digest = input_digest(tables)
     start = time.perf_counter()
     tree = _sample(model, sampler, draws=int(draws), tune=int(tune), chains=int(chains),
                    random_seed=int(random_seed), progress=progress,
@@ -411,7 +375,12 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
         "chains": int(chains),
         "random_seed": int(random_seed),
         "fit_summary": json.dumps(prepared.summary, sort_keys=True, default=str),
+        "input_kind": "tables" if stats is None else "statistics",
     }
+    if stats is not None:
+        tree.attrs["statistics_source"] = stats.source
+        tree.attrs["statistics_provenance"] = json.dumps(stats.provenance, sort_keys=True,
+                                                         default=str)
     _warn_convergence(tree)
     # netCDF stores no dicts, None or mixed lists (the model's attrs hold some): store them as
     # bayesprism.io.save writes them (JSON), so what fit returns equals what load gives back and

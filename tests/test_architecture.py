@@ -28,6 +28,7 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("bayesprism.simulate", "simulate"),
     ("bayesprism.inference", "inference"),
     ("bayesprism.learn_prior", "inference"),
+    ("bayesprism.statistics", "inference"),
     ("bayesprism.model", "model"),
     ("bayesprism.ingest", "ingest"),
     ("bayesprism.costs", "costs"),

@@ -20,36 +20,20 @@ from bayesprism.ingest.dispatch import SKIP_BAD_FILE, read_file
 from bayesprism.ingest.distributed import FAN_IN
 from bayesprism.schema import read_table
 
-#: Files of the dev traces read by the default tests (all 64 in the slow one).
+#: Files of the dev traces read by the default tests (conftest's ``dev_subset``; all 64 in
+#: the slow one).
 SUBSET = 8
 
 
 @pytest.fixture(scope="module")
-def client():
-    """A local cluster of 2 single-threaded worker processes, shared by the module."""
-    distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster, \
-            distributed.Client(cluster) as c:
-        yield c
+def client(dask_client):
+    """The module's local cluster of 2 workers (conftest)."""
+    return dask_client
 
 
 @pytest.fixture(scope="module")
-def dev_files(shared_data) -> list[Path]:
-    folder = shared_data / "simulated" / "megatron-3d-dev" / "traces"
-    if not folder.is_dir():
-        pytest.skip("dev traces not present")
-    return sorted(folder.iterdir())
-
-
-@pytest.fixture(scope="module")
-def subset(dev_files, tmp_path_factory) -> Path:
-    """The first files of the dev traces, in a folder of their own (one run)."""
-    folder = tmp_path_factory.mktemp("dev") / "traces"
-    folder.mkdir()
-    for f in dev_files[:SUBSET]:
-        shutil.copy(f, folder / f.name)
-    return folder
+def subset(dev_subset) -> Path:
+    return dev_subset
 
 
 def assert_same_summary(embedded: dict, dask: dict) -> None:

@@ -1,4 +1,5 @@
-"""``bayesprism fit``: fit a model to trace tables or raw traces and save the posterior."""
+"""``bayesprism fit``: fit a model to trace tables, raw traces or a statistics artifact
+(``bayesprism ingest --statistics``) and save the posterior."""
 
 from __future__ import annotations
 
@@ -23,11 +24,14 @@ def register(sub) -> None:
         "fit",
         help="fit a model to trace tables or raw traces",
         description="Fit the Bayesian model to Parquet trace tables (bayesprism ingest) and/or "
-        "raw traces and logs, save the posterior (netCDF) and print convergence and variance "
-        "components (coefficient of variation per level, posterior median).",
+        "raw traces and logs, or to one statistics artifact (bayesprism ingest --statistics: "
+        "the same posterior without the traces), save the posterior (netCDF) and print "
+        "convergence and variance components (coefficient of variation per level, posterior "
+        "median).",
     )
     parser.add_argument("inputs", nargs="+", metavar="TABLE_OR_TRACES",
-                        help="Parquet trace tables, trace files, folders or globs")
+                        help="Parquet trace tables, trace files, folders or globs, or one "
+                        "statistics artifact (STATS.parquet)")
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="posterior.nc",
                         help="where to save the posterior")
     parser.add_argument("--spec", "--model", dest="spec", default=None, metavar="NAME|FILE",
@@ -64,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from bayesprism.ingest.layout import parse_layout_args
     from bayesprism.ingest.parquet import read_inputs
     from bayesprism.io import save
+    from bayesprism.statistics import is_statistics_file, read_statistics
 
     problems = [Problem("arguments", f"--{name}", "must be a positive integer", example=value)
                 for name, value in (("draws", args.draws), ("chains", args.chains))
@@ -88,7 +93,13 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         raise InputError(problems)
     progress = not args.quiet
-    tables = read_inputs(args.inputs, layout=layout, column_map=column_map, progress=progress)
+    statistics = [p for p in args.inputs if is_statistics_file(p)]
+    if statistics:
+        _check_statistics_inputs(args, statistics)
+        tables = read_statistics(statistics[0])
+    else:
+        tables = read_inputs(args.inputs, layout=layout, column_map=column_map,
+                             progress=progress)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tree = fit(tables, args.spec, draws=args.draws, tune=args.tune, chains=args.chains,
@@ -130,3 +141,21 @@ def run(args: argparse.Namespace) -> int:
         for cls, values in components.items():
             print(f"{cls:<{width}}" + "".join(f"{_fmt(values.get(lvl)):>10}" for lvl in levels))
     return 0
+
+
+def _check_statistics_inputs(args: argparse.Namespace, statistics: list[str]) -> None:
+    """A statistics artifact is fitted alone, as it was written (its layout is recorded)."""
+    problems = []
+    others = [p for p in args.inputs if p not in statistics[:1]]
+    if others:
+        problems.append(Problem(statistics[0], "inputs", "a statistics artifact is fitted on "
+                                "its own: write one artifact of all the inputs with `bayesprism "
+                                "ingest --statistics`", example=others[0]))
+    for option, value in (("--layout", args.layout), ("--columns", args.columns)):
+        if value:
+            problems.append(Problem(statistics[0], option, "applies to traces and tables; a "
+                                    "statistics artifact records the layout it was written "
+                                    "with: give it to `bayesprism ingest --statistics`",
+                                    example=value[0] if isinstance(value, list) else value))
+    if problems:
+        raise InputError(problems)

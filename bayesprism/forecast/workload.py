@@ -91,7 +91,7 @@ from bayesprism.spec import DEFAULT_PRIORS, ModelSpec
 MICROBATCH_CLASSES = ("gemm", "attention", "elementwise", "norm", "memcpy", "other")
 COMM_ROLES = ("tp", "cp", "ep", "pp", "dp")
 #: Roles whose traced collectives are replayed from their fitted transfer per signature when
-#: the target keeps their group (``bayesprism.model.kernel.FIXED_GROUP_ROLES``); "pp" is
+#: the target keeps their group (``bayesprism.model.statistics.FIXED_GROUP_ROLES``); "pp" is
 #: replayed too when a fit has kernel medians for its send/recv.
 REPLAYED_ROLES = ("tp", "cp", "ep", "pp")
 DDP_BUCKET_BYTES = 25 * 2**20

@@ -294,7 +294,9 @@ def _read_table_file(path: Path, problems: list[Problem]) -> pd.DataFrame | None
 
 def read_inputs(paths: Sequence[str | Path], *, layout: Mapping | None = None,
                 column_map: Mapping[str, str | None] | None = None,
-                progress: bool = True) -> list[pd.DataFrame]:
+                progress: bool = True, gpus_per_node: int | None = None,
+                engine: str = "embedded", client=None,
+                strict: bool | None = None) -> list[pd.DataFrame]:
     """Trace tables from Parquet trace tables (read whole) and raw traces or logs (ingested).
 
     What ``bayesprism fit`` and ``bayesprism validate`` are given: a Parquet file (a table
@@ -313,6 +315,8 @@ def read_inputs(paths: Sequence[str | Path], *, layout: Mapping | None = None,
         (``--columns``); given one, Parquet tables are read through the table readers too.
     progress
         Show a progress bar while ingesting raw traces.
+    gpus_per_node, engine, client, strict
+        As in :func:`read_traces`, for the raw inputs.
 
     Returns
     -------
@@ -337,7 +341,8 @@ def read_inputs(paths: Sequence[str | Path], *, layout: Mapping | None = None,
     if raw:
         try:
             tables.append(read_traces(raw, layout=layout, column_map=column_map,
-                                      progress=progress))
+                                      progress=progress, gpus_per_node=gpus_per_node,
+                                      engine=engine, client=client, strict=strict))
         except InputError as exc:
             problems.extend(exc.problems)
     if problems:

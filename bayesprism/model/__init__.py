@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from bayesprism.errors import Problem, SpecError
+from bayesprism.errors import InputError, Problem, SpecError
 from bayesprism.model import step
-from bayesprism.model.kernel import build_kernel, prepare_kernel
+from bayesprism.model.kernel import build_kernel, prepare_kernel, prepare_kernel_statistics
 from bayesprism.model.prepared import PreparedData
+from bayesprism.model.statistics import ModelStatistics
 from bayesprism.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -54,6 +55,49 @@ def prepare(tables: Sequence[pd.DataFrame] | pd.DataFrame, spec: ModelSpec) -> P
     return step.prepare_step(tables, spec)
 
 
+def prepare_statistics(stats: ModelStatistics, spec: ModelSpec,
+                       source: str = "statistics") -> PreparedData:
+    """Prepare the kernel-level model from the statistics of trace tables.
+
+    Parameters
+    ----------
+    stats
+        :func:`bayesprism.model.statistics.table_statistics` of the tables (or read back
+        from a statistics artifact).
+    spec
+        A kernel-level model specification.
+    source
+        Named in errors (the artifact's path).
+
+    Raises
+    ------
+    InputError
+        A step-level spec, or statistics the spec cannot be fitted to.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from bayesprism.model.statistics import table_statistics
+    >>> table = pd.DataFrame({"run": ["r"] * 2, "step": [0, 1], "node": ["n0"] * 2,
+    ...                       "gpu": [0, 0], "kernel": ["k"] * 2,
+    ...                       "kernel_class": ["gemm"] * 2, "duration_us": [1.0, 2.0]})
+    >>> spec = ModelSpec(levels=("step",))
+    >>> prepare_statistics(table_statistics(table), spec).summary["cells"]
+    2
+    """
+    _check_kind(spec)
+    if spec.kind != "kernel":
+        raise InputError(Problem(source, "spec", "statistics feed the kernel-level model; the "
+                                 "step model is fitted to step-time logs themselves",
+                                 example=spec.kind))
+    try:
+        return prepare_kernel_statistics(stats, spec)
+    except InputError as exc:
+        raise InputError([Problem(source, p.field, p.message, p.count, p.example)
+                          if isinstance(p, Problem) and p.source in ("tables", "statistics")
+                          else p for p in exc.problems]) from None
+
+
 def build(prepared: PreparedData, spec: ModelSpec) -> pm.Model:
     """Build the PyMC model of ``spec.kind`` from prepared data."""
     _check_kind(spec)
@@ -62,4 +106,4 @@ def build(prepared: PreparedData, spec: ModelSpec) -> pm.Model:
     return step.build_step(prepared, spec)
 
 
-__all__ = ["PreparedData", "build", "prepare"]
+__all__ = ["PreparedData", "build", "prepare", "prepare_statistics"]

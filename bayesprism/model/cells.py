@@ -34,12 +34,15 @@ class CellStats:
         Mean value of each cell.
     ss
         Sum of squared deviations from the cell mean (0 for single-value cells).
+    of_value
+        The cell of each value (None where the values are not known).
     """
 
     codes: dict[str, np.ndarray]
     n: np.ndarray
     mean: np.ndarray
     ss: np.ndarray
+    of_value: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.n.size)
@@ -96,4 +99,5 @@ def aggregate_cells(
     for name in reversed(names):
         out_codes[name] = rest % int(sizes[name])
         rest //= int(sizes[name])
-    return CellStats(codes={k: out_codes[k] for k in names}, n=n, mean=mean, ss=ss)
+    return CellStats(codes={k: out_codes[k] for k in names}, n=n, mean=mean, ss=ss,
+                     of_value=cell_of_value)

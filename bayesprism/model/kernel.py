@@ -50,7 +50,7 @@ from scipy.linalg import helmert
 
 from bayesprism.costs import collectives as coll
 from bayesprism.errors import InputError, Problem
-from bayesprism.model.cells import aggregate_cells
+from bayesprism.model.cells import CellStats
 from bayesprism.model.effects import class_scales, segment_sum, soft_scale_floor, unit_level
 from bayesprism.model.prepared import PreparedData
 from bayesprism.model.rows import row_likelihood
@@ -65,9 +65,13 @@ from bayesprism.model.start import (
     unit_resolution,
     within_cell_sd,
 )
+from bayesprism.model.statistics import (
+    ModelStatistics,
+    factorize,
+    table_statistics,
+)
 from bayesprism.spec import ModelSpec
 
-REQUIRED = ("run", "step", "node", "gpu", "kernel", "kernel_class", "duration_us")
 UNIT_LEVELS = ("cabinet", "node", "gpu", "step")
 #: Cell fill (cells / (GPU-steps × kernels)) above which the collapsed likelihood uses a dense
 #: matrix product, and the largest such matrix.
@@ -87,159 +91,17 @@ DEGRADED_MIN_UNITS = 3
 
 
 # ----------------------------------------------------------------------------- preparation
-def _categorical(series: pd.Series) -> tuple[np.ndarray, list[str]]:
-    """Integer codes and string labels of a column (NaN → code -1)."""
-    cat = series if isinstance(series.dtype, pd.CategoricalDtype) else series.astype("category")
-    return cat.cat.codes.to_numpy().astype(np.int64), [str(c) for c in cat.cat.categories]
-
-
-def _global_codes(parts: list[tuple[np.ndarray, list[str]]]) -> tuple[list[np.ndarray], list[str]]:
-    """Re-code per-table categorical codes onto the sorted union of their labels."""
-    labels = sorted({lab for _, labs in parts for lab in labs})
-    index = {lab: i for i, lab in enumerate(labels)}
-    out = []
-    for codes, labs in parts:
-        lookup = np.array([index[lab] for lab in labs] + [-1], dtype=np.int64)
-        out.append(lookup[codes])  # code -1 picks the trailing -1
-    return out, labels
-
-
-def _source(table: pd.DataFrame, i: int) -> str:
-    return str(table.attrs.get("source", f"table {i}"))
-
-
-def _check_tables(tables: Sequence[pd.DataFrame]) -> None:
-    problems: list[Problem] = []
-    if not tables:
-        raise InputError(Problem("tables", "", "no table given"))
-    for i, t in enumerate(tables):
-        src = _source(t, i) if isinstance(t, pd.DataFrame) else f"table {i}"
-        if not isinstance(t, pd.DataFrame):
-            problems.append(Problem(src, "", "is not a pandas DataFrame",
-                                    example=type(t).__name__))
-            continue
-        missing = [c for c in REQUIRED if c not in t.columns]
-        if missing:
-            problems.append(Problem(src, ", ".join(missing), "required column(s) missing"))
-            continue
-        for col in ("run", "node", "kernel", "kernel_class"):
-            missing_values = t[col].isna().to_numpy()
-            if missing_values.any():
-                problems.append(Problem(src, col, "is missing", int(missing_values.sum())))
-        for col in ("gpu", "step"):
-            values = pd.to_numeric(t[col], errors="coerce").to_numpy(dtype=float)
-            bad = ~(np.isfinite(values) & (values >= 0) & (values == np.round(values)))
-            if bad.any():
-                problems.append(Problem(src, col, "must be an integer >= 0", int(bad.sum()),
-                                        t[col].to_numpy()[bad][0]))
-        d = pd.to_numeric(t["duration_us"], errors="coerce").to_numpy(dtype=float)
-        bad = ~(np.isfinite(d) & (d > 0))
-        if bad.any():
-            problems.append(Problem(src, "duration_us", "must be a finite number > 0",
-                                    int(bad.sum()), t["duration_us"].to_numpy()[bad][0]))
-        kernel_class = t["kernel_class"]
-        if isinstance(kernel_class.dtype, pd.CategoricalDtype):  # 10 M strings cost seconds
-            step_code = (kernel_class.cat.categories.astype(str) == "step").nonzero()[0]
-            step_rows = np.isin(kernel_class.cat.codes.to_numpy(), step_code)
-        else:
-            step_rows = (kernel_class.astype(str) == "step").to_numpy()
-        if step_rows.any():
-            problems.append(Problem(
-                src, "kernel_class",
-                "step-level rows belong to the step model: fit them with --spec step "
-                "(ModelSpec.load('step'))", int(step_rows.sum()), "step"))
-    if problems:
-        raise InputError(problems)
-
-
-def _gpus_per_node(table: pd.DataFrame, run_codes: np.ndarray, run_labels: list[str],
-                   gpu: np.ndarray) -> np.ndarray:
-    """GPUs per node of each row's run: from run metadata, else the largest local index + 1."""
-    runs_meta = table.attrs.get("runs", {}) if isinstance(table.attrs, dict) else {}
-    per_run = np.zeros(len(run_labels) + 1, dtype=float)
-    for r, label in enumerate(run_labels):
-        meta = runs_meta.get(label, {}) if isinstance(runs_meta, dict) else {}
-        value = meta.get("gpus_per_node") if isinstance(meta, dict) else None
-        if value:
-            per_run[r] = float(value)
-        else:
-            mask = run_codes == r
-            per_run[r] = float(gpu[mask].max() + 1) if mask.any() else 1.0
-    return per_run[run_codes]
-
-
-#: Roles whose collectives keep their group and messages when data parallelism grows and run
-#: inside one node's clock domain, so their measured transfers are trustworthy per launch.
-#: Pipeline send/recv crosses nodes, whose clocks disagree by about a transfer's duration
-#: (the wait/transfer split of one launch is then noise): the cost model alone covers it.
-FIXED_GROUP_ROLES: tuple[str, ...] = ("tp", "cp", "ep")
-
-
-def _collective_rows(t: pd.DataFrame, classes: np.ndarray, class_labels: list[str]
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Collective rows, those usable by the cost model, every row's tier and nodes spanned.
-
-    A row is usable with a positive ``transfer_us`` and ``bytes`` and ``group_size >= 2``. Its
-    tier is inter-node (1) when its group has more ranks than a node of its run has GPUs
-    (``gpus_per_node`` of the run metadata, else the largest local GPU index + 1), or when its
-    ``process_group`` has rows from several nodes in this table; else intra-node (0). The
-    ``role`` column is not used: a pipeline send/recv pair of ``group_size`` 2 is inter-node
-    when its process group's rows come from two nodes. The nodes a row's group spans are
-    the larger of ``ceil(group_size / gpus_per_node)`` and its process group's nodes in this
-    table (a data-parallel group of one GPU per node spans as many nodes as it has ranks).
-
-    Returns
-    -------
-    (is_collective, usable, tier, nodes)
-        Boolean masks, integer tiers and nodes spanned (at least 1), one per row.
-    """
-    n = len(t)
-    # Look up per class code, never per row: 10^7 string comparisons cost seconds.
-    is_coll = np.array([c in coll.COLLECTIVE_CLASSES for c in class_labels] + [False])[classes]
-    if not {"transfer_us", "bytes", "group_size"} <= set(t.columns):
-        return (is_coll, np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64),
-                np.ones(n, dtype=np.int64))
-    transfer = pd.to_numeric(t["transfer_us"], errors="coerce").to_numpy(dtype=float)
-    nbytes = pd.to_numeric(t["bytes"], errors="coerce").to_numpy(dtype=float)
-    group = pd.to_numeric(t["group_size"], errors="coerce").to_numpy(dtype=float)
-    usable = (is_coll & np.isfinite(transfer) & (transfer > 0) & np.isfinite(nbytes)
-              & (nbytes > 0) & np.isfinite(group) & (group >= 2))
-    run_codes, run_labels = _categorical(t["run"])
-    gpu = t["gpu"].to_numpy(dtype=np.int64)
-    per_node = _gpus_per_node(t, run_codes, run_labels, gpu)
-    tier = (np.nan_to_num(group, nan=1.0) > per_node).astype(np.int64)
-    nodes = np.maximum(np.ceil(np.nan_to_num(group, nan=1.0) / per_node), 1.0).astype(np.int64)
-    named = usable & t["process_group"].notna().to_numpy() if "process_group" in t.columns \
-        else np.zeros(n, dtype=bool)
-    if named.any():
-        # A process group whose rows in this table come from several nodes spans nodes. Rows
-        # without a group name (benchmarks, which time a whole group from one host) are no
-        # group of their own (said explicitly: whether astype(str) keeps NaN or writes "nan",
-        # which would pool them into one group spanning all hosts, depends on pandas).
-        spans = (
-            t.loc[named, ["run", "process_group", "node"]]
-            .astype(str)
-            .groupby(["run", "process_group"])["node"]
-            .transform("nunique")
-            .to_numpy()
-        )
-        tier[named] = np.maximum(tier[named], (spans > 1).astype(np.int64))
-        nodes[named] = np.maximum(nodes[named], spans)
-    return is_coll, usable, tier, nodes
-
-
-def _factorize(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    codes, uniques = pd.factorize(key, sort=True)
-    return codes.astype(np.int64), np.asarray(uniques)
-
-
 def prepare_kernel(
     tables: Sequence[pd.DataFrame], spec: ModelSpec, keep_rows: bool = False
 ) -> PreparedData:
     """Prepare trace tables (one or several sources) for the kernel-level model.
 
-    ``keep_rows`` also keeps per-launch arrays, for the row-level likelihood
-    (``build_kernel(..., rows=True)``; always kept for the Student-t residual).
+    The tables are reduced to their statistics (:func:`bayesprism.model.statistics.
+    table_statistics`) and the model is prepared from those alone
+    (:func:`prepare_kernel_statistics`): a fit from the tables and one from their saved
+    statistics prepare the same arrays. ``keep_rows`` also keeps per-launch arrays, for the
+    row-level likelihood (``build_kernel(..., rows=True)``; always kept for the Student-t and
+    mixture residuals).
 
     Raises
     ------
@@ -247,119 +109,140 @@ def prepare_kernel(
         Missing columns, bad durations, step-level rows, kernels with two classes, no usable
         rows, or (with the ``gpustep`` level) one launch per cell everywhere.
     """
-    _check_tables(tables)
+    stats = table_statistics(tables, keep_rows=keep_rows or spec.fits_rows)
+    return prepare_kernel_statistics(stats, spec, keep_rows=keep_rows)
+
+
+def prepare_kernel_statistics(stats: ModelStatistics, spec: ModelSpec,
+                              keep_rows: bool = False) -> PreparedData:
+    """Prepare the kernel-level model from the statistics of trace tables.
+
+    Parameters
+    ----------
+    stats
+        :func:`bayesprism.model.statistics.table_statistics` of the tables, or the same read
+        back from a statistics artifact (:mod:`bayesprism.statistics`).
+    spec
+        The model specification (``kind == "kernel"``).
+    keep_rows
+        Also keep per-launch arrays (needs statistics that kept the launches).
+
+    Returns
+    -------
+    PreparedData
+
+    Raises
+    ------
+    InputError
+        A row-level residual (Student-t, mixture) from statistics without launches, kernels
+        with two classes, no usable rows, one launch per cell everywhere with ``gpustep``.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from bayesprism.model.statistics import table_statistics
+    >>> table = pd.DataFrame({"run": ["r"] * 4, "step": [0, 0, 1, 1], "node": ["n0"] * 4,
+    ...                       "gpu": [0, 1, 0, 1], "kernel": ["gemm"] * 4,
+    ...                       "kernel_class": ["gemm"] * 4,
+    ...                       "duration_us": [10.0, 11.0, 10.5, 12.0]})
+    >>> spec = ModelSpec(levels=("gpu",))
+    >>> prepare_kernel_statistics(table_statistics(table), spec).summary["cells"]
+    4
+    """
+    if (spec.fits_rows or keep_rows) and not stats.has_rows:
+        raise InputError(Problem(
+            "statistics", "likelihood",
+            f"the {spec.likelihood} residual is fitted on launches, which statistics do not "
+            "hold: fit the traces or their trace table, or use a lognormal spec",
+            example=spec.likelihood))
+    kc = stats.kernel_cells
+    cc = stats.collective_cells
     notes: list[str] = []
     skipped: dict[str, int] = {}
     ring = spec.collective_model == "ring"
-
-    # Per-table columns as integer codes on global label sets.
-    parts = {c: [] for c in ("run", "node", "kernel", "kernel_class")}
-    for t in tables:
-        for c in parts:
-            parts[c].append(_categorical(t[c]))
-    glob = {c: _global_codes(parts[c]) for c in parts}
-    class_labels_all = glob["kernel_class"][1]
-
-    coll_usable, coll_tier, coll_nodes, is_coll = [], [], [], []
-    for i, t in enumerate(tables):
-        ic, usable, tier, nodes = _collective_rows(t, glob["kernel_class"][0][i],
-                                                   class_labels_all)
-        is_coll.append(ic)
-        coll_usable.append(usable if ring else np.zeros(len(t), dtype=bool))
-        coll_tier.append(tier)
-        coll_nodes.append(nodes)
-    cls_all = np.concatenate(glob["kernel_class"][0])
-    usable_all = np.concatenate(coll_usable)
-    modelled = sorted({class_labels_all[c] for c in np.unique(cls_all[usable_all])})
-    in_modelled_class = np.isin(cls_all, [class_labels_all.index(c) for c in modelled])
+    n_cell = kc["n"].to_numpy(dtype=np.int64)
+    cell_class = kc["kernel_class"].astype(str).to_numpy()
+    modelled = sorted(set(cc["collective"].astype(str))) if ring else []
+    in_modelled = np.isin(cell_class, modelled)
     # Collectives of groups that keep their size and message when only data parallelism
     # grows (FIXED_GROUP_ROLES): their measured transfers are also fitted as kernels (one per
     # signature), which the forecast replays at the traced layout; the cost model covers
     # group sizes never measured.
-    fixed_group = np.concatenate([
-        t["role"].astype(object).isin(FIXED_GROUP_ROLES).to_numpy() if "role" in t.columns
-        else np.zeros(len(t), dtype=bool) for t in tables]) & in_modelled_class
-    unusable = in_modelled_class & ~usable_all & ~fixed_group
+    fixed_group = kc["fixed_role"].to_numpy(dtype=bool) & in_modelled
+    unusable = in_modelled & ~kc["usable"].to_numpy(dtype=bool) & ~fixed_group
     if unusable.any():
         skipped["collective rows of a modelled class without transfer_us/bytes/group_size"] = (
-            int(unusable.sum()))
-    kernel_rows = ~in_modelled_class | fixed_group
-    fallback = sorted({class_labels_all[c] for c in np.unique(cls_all[~in_modelled_class])}
-                      & set(coll.COLLECTIVE_CLASSES))
-    fallback_rows = ~in_modelled_class & np.isin(cls_all, [class_labels_all.index(c)
-                                                           for c in fallback])
+            int(n_cell[unusable].sum()))
+    kernel_cells = ~in_modelled | fixed_group
+    fallback = sorted(set(cell_class[~in_modelled]) & set(coll.COLLECTIVE_CLASSES))
+    fallback_cells = ~in_modelled & np.isin(cell_class, fallback)
     if fixed_group.any():
-        notes.append(f"{int(fixed_group.sum())} collective launches of tp/cp/ep groups "
+        notes.append(f"{int(n_cell[fixed_group].sum())} collective launches of tp/cp/ep groups "
                      "fitted as kernels too (their transfer per signature), besides the cost "
                      "model")
-    # Waiting for the slowest peer is re-created by the composition: where ingest split it
-    # off, fit the transfer part only, so waiting is not counted twice.
-    work_parts = [coll.launch_work_us(t) for t in tables]
-    use_transfer = kernel_rows & np.concatenate([uses for _, uses in work_parts])
     if fallback:
+        use_transfer = int(kc["transfer_n"].to_numpy(dtype=np.int64)[kernel_cells].sum())
         notes.append(
             "collective classes without a cost model (no bytes/group size) fitted as kernels: "
-            + ", ".join(fallback) + f"; on transfer_us for {int(use_transfer.sum())} of "
-            f"{int(fallback_rows.sum())} launches (waiting split off at ingest), else on "
-            "duration_us, which includes waiting")
-
-    def cat(name: str) -> np.ndarray:
-        return np.concatenate(glob[name][0])
-
-    run_all, node_all, kern_all = cat("run"), cat("node"), cat("kernel")
-    gpu_all = np.concatenate([t["gpu"].to_numpy(dtype=np.int64) for t in tables])
-    step_all = np.concatenate([t["step"].to_numpy(dtype=np.int64) for t in tables])
-    y_all = np.log(np.concatenate([t["duration_us"].to_numpy(dtype=float) for t in tables]))
-    y_all[use_transfer] = np.log(np.concatenate([work for work, _ in work_parts])[use_transfer])
+            + ", ".join(fallback) + f"; on transfer_us for {use_transfer} of "
+            f"{int(n_cell[fallback_cells].sum())} launches (waiting split off at ingest), else "
+            "on duration_us, which includes waiting")
 
     coords: dict[str, list] = {}
     data: dict[str, np.ndarray] = {}
     attrs: dict = {"model_kind": "kernel", "likelihood": spec.likelihood}
-    summary: dict = {"rows": int(y_all.size), "kernel_rows": int(kernel_rows.sum())}
-
-    if kernel_rows.any():
-        columns = {"run": run_all, "node": node_all, "kernel": kern_all, "kernel_class": cls_all,
-                   "gpu": gpu_all, "step": step_all, "y": y_all}
-        part = _prepare_kernel_part(spec, tables, glob,
-                                    {name: values[kernel_rows] for name, values in columns.items()},
-                                    keep_rows)
+    summary: dict = {"rows": int(n_cell.sum()), "kernel_rows": int(n_cell[kernel_cells].sum())}
+    if kernel_cells.any():
+        part = _prepare_kernel_part(spec, stats, kernel_cells, keep_rows or spec.fits_rows)
         coords.update(part.coords)
         data.update(part.data)
         attrs.update(part.attrs)
         summary.update(part.summary)
         notes.extend(part.notes)
     if modelled:
-        transfer = np.log(np.concatenate([
-            pd.to_numeric(t["transfer_us"], errors="coerce").to_numpy(dtype=float)
-            if "transfer_us" in t.columns else np.full(len(t), np.nan) for t in tables
-        ]))
-        _prepare_collectives(
-            tables, usable_all, np.concatenate(coll_tier), np.concatenate(coll_nodes), cls_all,
-            class_labels_all, modelled, run_all, step_all, transfer, glob, coords, data, summary,
-        )
+        _prepare_collectives(stats, modelled, coords, data, summary)
     attrs["collective_model"] = modelled
-    if not kernel_rows.any() and not modelled:
+    if not kernel_cells.any() and not modelled:
         raise InputError(Problem("tables", "", "no usable rows to fit"))
     attrs["notes"] = notes
     attrs["skipped"] = skipped
     return PreparedData(coords=coords, data=data, attrs=attrs, summary=summary)
 
 
-def _prepare_kernel_part(spec: ModelSpec, tables: Sequence[pd.DataFrame], glob: dict,
-                         columns: dict[str, np.ndarray], keep_rows: bool) -> _KernelPart:
-    """The kernel rows' part of the prepared data (``columns``: their ``run``, ``node``,
-    ``kernel``, ``kernel_class``, ``gpu``, ``step`` codes and log durations ``y``).
+def _labels(values: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Codes of string values on their sorted distinct labels."""
+    codes, labels = factorize(values.astype(str).astype(object))
+    return codes, [str(v) for v in labels]
+
+
+def _prepare_kernel_part(spec: ModelSpec, stats: ModelStatistics, selected: np.ndarray,
+                         keep_rows: bool) -> _KernelPart:
+    """The kernel part of the prepared data, from the kernel cells ``selected`` (the launches
+    the spec fits as kernels).
 
     Steps: kernels and their classes (:func:`_kernel_ids`), GPU, step and GPU-step units
-    (:func:`_unit_keys`), cells, the unit levels that can be fitted (:func:`_unit_levels`),
-    the collapsed statistics (:func:`_collapsed_stats`), the sampler's attrs
-    (:func:`_fit_attrs`).
+    (:func:`_unit_keys`), the model's cells (kernel × GPU-step: :func:`_merge_cells`), the unit
+    levels that can be fitted (:func:`_unit_levels`), the collapsed statistics
+    (:func:`_collapsed_stats`), the sampler's attrs (:func:`_fit_attrs`).
     """
-    y = columns["y"]
-    ids = _kernel_ids(columns["kernel"], columns["kernel_class"], glob)
-    keys = _unit_keys(columns, glob["kernel_class"][1])
-    cells = aggregate_cells({"kernel": ids.kernel_codes, "gs": keys.gs_codes},
-                            {"kernel": len(ids.kernel_ids), "gs": len(keys.gs_keys)}, y)
+    kc = stats.kernel_cells
+    # labels on all the statistics' runs, nodes and kernels (as the tables' global codes)
+    run_all, run_labels = _labels(kc["run"].to_numpy())
+    node_all, node_labels = _labels(kc["node"].to_numpy())
+    kern_all, kernel_labels = _labels(kc["kernel"].to_numpy())
+    cls_all, class_labels_all = _labels(kc["kernel_class"].to_numpy())
+    sub = np.flatnonzero(selected)
+    columns = {"run": run_all[sub], "node": node_all[sub], "kernel": kern_all[sub],
+               "kernel_class": cls_all[sub], "gpu": kc["gpu"].to_numpy(dtype=np.int64)[sub],
+               "step": kc["step"].to_numpy(dtype=np.int64)[sub]}
+    n_sub = kc["n"].to_numpy(dtype=np.int64)[sub]
+    ids = _kernel_ids(columns["kernel"], columns["kernel_class"], kernel_labels,
+                      class_labels_all)
+    keys = _unit_keys(columns, class_labels_all)
+    cells = _merge_cells(ids.kernel_codes, len(ids.kernel_ids), keys.gs_codes,
+                                      len(keys.gs_keys), n_sub,
+                                      kc["mean_log"].to_numpy(dtype=float)[sub],
+                                      kc["ss_log"].to_numpy(dtype=float)[sub])
     n_cells = len(cells)
     if "gpustep" in spec.levels and (cells.n == 1).all():
         raise InputError(Problem(
@@ -367,11 +250,14 @@ def _prepare_kernel_part(spec: ModelSpec, tables: Sequence[pd.DataFrame], glob: 
             "every kernel × GPU × step cell has a single launch, so the residual cannot be "
             "separated from GPU×step effects; use the 'benchmark' spec or drop the gpustep level",
             n_cells))
-    levels = _unit_levels(spec, keys, glob["node"][1], glob["run"][1], tables)
+    gpu_launches = np.bincount(keys.gpu_codes, weights=n_sub, minlength=len(keys.gpu_keys))
+    levels = _unit_levels(spec, keys, node_labels, run_labels, stats.node_cabinets,
+                          gpu_launches)
     n_classes = len(ids.class_ids)
+    n_rows = int(n_sub.sum())
 
     coords: dict[str, list] = {
-        "kernel": [glob["kernel"][1][k] for k in ids.kernel_ids],
+        "kernel": [kernel_labels[k] for k in ids.kernel_ids],
         "kernel_class": ids.class_labels,
         "cell": list(range(n_cells)),
         "gpustep": list(range(len(keys.gs_keys))),
@@ -381,7 +267,7 @@ def _prepare_kernel_part(spec: ModelSpec, tables: Sequence[pd.DataFrame], glob: 
     data = {"kernel_class_of_kernel": ids.kernel_class,
             **_collapsed_stats(cells, ids.kernel_class, len(ids.kernel_ids), n_classes,
                                len(keys.gs_keys)),
-            "class_reference_weights": _reference_weights(ids.class_codes, n_classes,
+            "class_reference_weights": _reference_weights(ids.class_codes, n_sub, n_classes,
                                                           ids.class_labels)}
     # The likelihood adds per-GPU and per-step effect sums (small gathers) rather than
     # gathering every level to the GPU-steps.
@@ -391,15 +277,20 @@ def _prepare_kernel_part(spec: ModelSpec, tables: Sequence[pd.DataFrame], glob: 
         data[f"{level}_group"] = levels.group_of_unit[level]
         if level in levels.unit_of_gpu:
             data[f"{level}_of_gpu"] = levels.unit_of_gpu[level]
-    if spec.fits_rows or keep_rows:
-        if spec.fits_rows and y.size > MAX_ROWS:
+    if keep_rows:
+        if spec.fits_rows and n_rows > MAX_ROWS:
             raise InputError(Problem(
                 "tables", "duration_us",
                 f"the {spec.likelihood} residual is fitted on rows and accepts at most "
-                f"{MAX_ROWS} launches; use the default (lognormal) spec", int(y.size)))
-        coords["row"] = list(range(y.size))
-        data.update({"row_kernel": ids.kernel_codes, "row_gpustep": keys.gs_codes,
-                     "row_log_duration": y})
+                f"{MAX_ROWS} launches; use the default (lognormal) spec", n_rows))
+        position = np.full(len(kc), -1, dtype=np.int64)
+        position[sub] = np.arange(sub.size)
+        at = position[stats.row_cell]
+        rows = at >= 0
+        coords["row"] = list(range(int(rows.sum())))
+        data.update({"row_kernel": ids.kernel_codes[at[rows]],
+                     "row_gpustep": keys.gs_codes[at[rows]],
+                     "row_log_duration": stats.row_log[rows]})
 
     summary = {
         "cells": n_cells, "kernels": len(ids.kernel_ids), "kernel_classes": n_classes,
@@ -407,8 +298,32 @@ def _prepare_kernel_part(spec: ModelSpec, tables: Sequence[pd.DataFrame], glob: 
         "gpusteps": len(keys.gs_keys), "single_launch_cells": int((cells.n == 1).sum()),
     }
     return _KernelPart(coords=coords, data=data,
-                       attrs=_fit_attrs(spec, levels, _parameterisation(spec, levels, y.size)),
+                       attrs=_fit_attrs(spec, levels, _parameterisation(spec, levels, n_rows)),
                        summary=summary, notes=levels.notes)
+
+
+def _merge_cells(kernel: np.ndarray, n_kernels: int, gs: np.ndarray, n_gs: int,
+                 n: np.ndarray, mean: np.ndarray, ss: np.ndarray) -> CellStats:
+    """The model's cells (kernel × GPU-step, in increasing key order, kernel slowest) from
+    statistics cells that may split one of them by flags.
+
+    A model cell of one statistics cell keeps its values bit for bit; several are pooled:
+    n = Σ n_i, mean = Σ n_i·m_i / n, SS = Σ (SS_i + n_i (m_i − mean)²).
+    """
+    key = kernel * n_gs + gs
+    cell_keys, of_sub = np.unique(key, return_inverse=True)
+    count = np.bincount(of_sub, minlength=cell_keys.size)
+    total_n = np.bincount(of_sub, weights=n, minlength=cell_keys.size)
+    pooled = np.bincount(of_sub, weights=n * mean, minlength=cell_keys.size) / total_n
+    dev = mean - pooled[of_sub]
+    pooled_ss = np.bincount(of_sub, weights=ss + n * dev * dev, minlength=cell_keys.size)
+    single = count == 1
+    first = np.zeros(cell_keys.size, dtype=np.int64)
+    first[of_sub[::-1]] = np.arange(of_sub.size)[::-1]
+    cell_mean = np.where(single, mean[first], pooled)
+    cell_ss = np.where(single, ss[first], pooled_ss)
+    return CellStats(codes={"kernel": cell_keys // n_gs, "gs": cell_keys % n_gs},
+                     n=total_n.astype(np.float64), mean=cell_mean, ss=cell_ss)
 
 
 @dataclass(frozen=True)
@@ -424,29 +339,30 @@ class _KernelPart:
 
 @dataclass(frozen=True)
 class _KernelIds:
-    """Kernels and classes of the kernel rows as codes (a kernel name has one class)."""
+    """Kernels and classes of the kernel cells as codes (a kernel name has one class)."""
 
-    kernel_codes: np.ndarray  # per row
+    kernel_codes: np.ndarray  # per cell
     kernel_ids: np.ndarray  # global kernel code of each kernel
-    class_codes: np.ndarray  # per row
+    class_codes: np.ndarray  # per cell
     class_ids: np.ndarray  # global class code of each class
     kernel_class: np.ndarray  # class of each kernel
     class_labels: list[str]
 
 
-def _kernel_ids(kern: np.ndarray, cls: np.ndarray, glob: dict) -> _KernelIds:
-    """The rows' kernels and classes, refusing a kernel that appears with two classes."""
-    kernel_codes, kernel_ids = _factorize(kern)
-    class_codes, class_ids = _factorize(cls)
+def _kernel_ids(kern: np.ndarray, cls: np.ndarray, kernel_labels: list[str],
+                class_labels_all: list[str]) -> _KernelIds:
+    """The cells' kernels and classes, refusing a kernel that appears with two classes."""
+    kernel_codes, kernel_ids = factorize(kern)
+    class_codes, class_ids = factorize(cls)
     pair = np.unique(kernel_codes * len(class_ids) + class_codes)
     per_kernel = np.bincount(pair // len(class_ids), minlength=len(kernel_ids))
     if (per_kernel > 1).any():
         k = int(np.flatnonzero(per_kernel > 1)[0])
         raise InputError(Problem("tables", "kernel_class", "a kernel appears with two classes",
-                                 int((per_kernel > 1).sum()), glob["kernel"][1][kernel_ids[k]]))
+                                 int((per_kernel > 1).sum()), kernel_labels[kernel_ids[k]]))
     kernel_class = np.zeros(len(kernel_ids), dtype=np.int64)
     kernel_class[pair // len(class_ids)] = pair % len(class_ids)
-    class_labels = [glob["kernel_class"][1][c] for c in class_ids]
+    class_labels = [class_labels_all[c] for c in class_ids]
     return _KernelIds(kernel_codes, kernel_ids, class_codes, class_ids, kernel_class,
                       class_labels)
 
@@ -485,10 +401,10 @@ def _unit_keys(columns: dict[str, np.ndarray], class_labels_all: list[str]) -> _
     bench = np.isin(columns["kernel_class"], [i for i, c in enumerate(class_labels_all)
                                               if c == "benchmark"]).astype(np.int64)
     n_local = int(gpu.max()) + 1
-    gpu_codes, gpu_keys = _factorize((node * n_local + gpu) * 2 + bench)
+    gpu_codes, gpu_keys = factorize((node * n_local + gpu) * 2 + bench)
     gpu_node = gpu_keys // 2 // n_local
-    step_codes, step_keys = _factorize(run * (int(step.max()) + 1) + step)
-    gs_codes, gs_keys = _factorize(gpu_codes * len(step_keys) + step_codes)
+    step_codes, step_keys = factorize(run * (int(step.max()) + 1) + step)
+    gs_codes, gs_keys = factorize(gpu_codes * len(step_keys) + step_codes)
     node_ids, node_of_gpu = np.unique(gpu_node, return_inverse=True)
     return _UnitKeys(
         gpu_codes=gpu_codes, gpu_keys=gpu_keys, gpu_bench=gpu_keys % 2, gpu_node=gpu_node,
@@ -512,8 +428,10 @@ class _Levels:
 
 
 def _unit_levels(spec: ModelSpec, keys: _UnitKeys, node_labels: list[str],
-                 run_labels: list[str], tables: Sequence[pd.DataFrame]) -> _Levels:
-    """Which of the spec's unit levels can be fitted, with their units and groups."""
+                 run_labels: list[str], node_cabinets: Sequence[tuple[str, str]] | None,
+                 gpu_launches: np.ndarray) -> _Levels:
+    """Which of the spec's unit levels can be fitted, with their units and groups
+    (``gpu_launches``: the launches of each GPU unit)."""
     unit_of_gs: dict[str, np.ndarray] = {}
     unit_of_gpu: dict[str, np.ndarray] = {}
     units: dict[str, list[str]] = {}
@@ -534,7 +452,7 @@ def _unit_levels(spec: ModelSpec, keys: _UnitKeys, node_labels: list[str],
             if (per_node < 2).all():
                 notes.append("gpu level dropped: no node with 2 or more GPUs")
                 continue
-            if (np.bincount(keys.gpu_codes) < 2).all():
+            if (gpu_launches < 2).all():
                 # a GPU's one launch is all its data: its effect and its residual are the same
                 # number, a ridge the sampler cannot mix (PAL LS6: R-hat 1.05, ESS 26)
                 notes.append("gpu level dropped: every GPU has a single launch, so its effect "
@@ -558,7 +476,7 @@ def _unit_levels(spec: ModelSpec, keys: _UnitKeys, node_labels: list[str],
             unit_of_gs[level] = keys.gs_step
             group_of_unit[level] = np.unique(keys.step_run, return_inverse=True)[1]
         elif level == "cabinet":
-            cab = _cabinet_of_node(tables, node_ids, node_labels, notes)
+            cab = _cabinet_of_node(node_cabinets, node_ids, node_labels, notes)
             if cab is None:
                 continue
             cab_codes, cab_labels = cab
@@ -602,7 +520,7 @@ def _parameterisation(spec: ModelSpec, levels: _Levels, n_rows: int) -> dict[str
     return param
 
 
-def _reference_weights(class_codes: np.ndarray, n_classes: int,
+def _reference_weights(class_codes: np.ndarray, launches: np.ndarray, n_classes: int,
                        class_labels: list[str]) -> np.ndarray:
     """Launches per class weighting the reference class of each level's loadings.
 
@@ -611,7 +529,8 @@ def _reference_weights(class_codes: np.ndarray, n_classes: int,
     member arrives) barely loads on a GPU's or node's speed, so with collectives in the mean,
     that mean (and every standardised effect) would follow their nearly unidentified loadings.
     """
-    launches_per_class = np.bincount(class_codes, minlength=n_classes)
+    launches_per_class = np.bincount(class_codes, weights=launches,
+                                     minlength=n_classes).astype(np.int64)
     is_compute = np.array([c not in coll.COLLECTIVE_CLASSES for c in class_labels])
     reference_weights = launches_per_class * is_compute
     if reference_weights.sum() == 0:
@@ -680,18 +599,16 @@ def _nodes_nest_in_cabinets(spec: ModelSpec) -> bool:
     return spec.node_population != "degraded"
 
 
-def _cabinet_of_node(tables, node_ids, node_labels, notes):
-    """Cabinet code of every node, or None (with a note) when the level cannot be fitted."""
-    pairs = []
-    for t in tables:
-        if "cabinet" not in t.columns:
-            continue
-        sub = t[["node", "cabinet"]].dropna().astype(str).drop_duplicates()
-        pairs.append(sub)
-    if not pairs:
+def _cabinet_of_node(node_cabinets, node_ids, node_labels, notes):
+    """Cabinet code of every node, or None (with a note) when the level cannot be fitted.
+
+    ``node_cabinets``: the tables' distinct (node, cabinet) pairs, None without a cabinet
+    column (:class:`~bayesprism.model.statistics.ModelStatistics`).
+    """
+    if node_cabinets is None:
         notes.append("cabinet level dropped: no table has a cabinet column")
         return None
-    mapping = pd.concat(pairs).drop_duplicates()
+    mapping = pd.DataFrame(list(node_cabinets), columns=["node", "cabinet"], dtype=object)
     if mapping["node"].duplicated().any():
         bad = mapping.loc[mapping["node"].duplicated(), "node"].iloc[0]
         raise InputError(Problem("tables", "cabinet", "a node appears in two cabinets",
@@ -711,8 +628,8 @@ def _cabinet_of_node(tables, node_ids, node_labels, notes):
     return np.array([idx[lookup[n]] for n in names], dtype=np.int64), cab_labels
 
 
-def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all, modelled,
-                         run_all, step_all, log_transfer, glob, coords, data, summary) -> None:
+def _prepare_collectives(stats: ModelStatistics, modelled: list[str], coords, data,
+                         summary) -> None:
     """Cells of the collectives' log transfer times and the cost model's reference points.
 
     Cells are (collective, tier, algorithm, group size, nodes spanned, bytes, step); the
@@ -728,33 +645,32 @@ def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all,
     congestion scales: the (collective, tier) pair's, or those benchmark cells' own after the
     pairs'; the congestion groups ``coll_cell_group`` are (congestion scale, step).
     """
-    idx = np.flatnonzero(usable)
-    nbytes = np.concatenate([
-        pd.to_numeric(t["bytes"], errors="coerce").to_numpy(dtype=float)
-        if "bytes" in t.columns else np.full(len(t), np.nan) for t in tables])[idx]
-    group = np.concatenate([
-        pd.to_numeric(t["group_size"], errors="coerce").to_numpy(dtype=float)
-        if "group_size" in t.columns else np.full(len(t), np.nan) for t in tables])[idx]
-    coll_index = {class_labels_all.index(c): j for j, c in enumerate(modelled)}
-    j = np.array([coll_index[c] for c in cls_all[idx]], dtype=np.int64)
-    p_codes, p_vals = _factorize(group)
-    n_codes, n_vals = _factorize(nodes[idx].astype(float))
-    b_codes, b_vals = _factorize(nbytes)
-    stride = int(step_all[idx].max()) + 1  # (run, step) -> one code: run * stride + step
-    s_codes, s_keys = _factorize(run_all[idx] * stride + step_all[idx])
-    # The algorithm NCCL names in the kernel (``..._TREE_LL``: log2 latency steps), looked up
+    cc = stats.collective_cells
+    kc = stats.kernel_cells
+    run_labels = sorted(set(kc["run"].astype(str)))
+    run_index = {r: i for i, r in enumerate(run_labels)}
+    j = np.array([modelled.index(c) for c in cc["collective"].astype(str)], dtype=np.int64)
+    p_codes, p_vals = factorize(cc["group_size"].to_numpy(dtype=float))
+    n_codes, n_vals = factorize(cc["nodes"].to_numpy(dtype=float))
+    b_codes, b_vals = factorize(cc["bytes"].to_numpy(dtype=float))
+    step = cc["step"].to_numpy(dtype=np.int64)
+    run = np.array([run_index[r] for r in cc["run"].astype(str)], dtype=np.int64)
+    stride = int(step.max()) + 1  # (run, step) -> one code: run * stride + step
+    s_codes, s_keys = factorize(run * stride + step)
+    # The algorithm NCCL names in the kernel (``..._TREE_LL``: log2 latency steps), decided
     # per kernel name: the forecast costs such a collective with the same steps.
     algorithms = ("ring", *coll.LOG_ALGORITHMS)
-    alg_of_kernel = np.array([algorithms.index(coll.algorithm_of(k)) for k in glob["kernel"][1]]
-                             + [0], dtype=np.int64)
-    alg = alg_of_kernel[np.concatenate(glob["kernel"][0])[idx]]
-    cells = aggregate_cells(
-        {"coll": j, "tier": tier[idx], "alg": alg, "p": p_codes, "n": n_codes, "b": b_codes,
-         "s": s_codes},
-        {"coll": len(modelled), "tier": 2, "alg": len(algorithms), "p": len(p_vals),
-         "n": len(n_vals), "b": len(b_vals), "s": len(s_keys)},
-        log_transfer[idx],
-    )
+    alg = np.array([algorithms.index(a) for a in cc["algorithm"].astype(str)], dtype=np.int64)
+    tier = cc["tier"].to_numpy(dtype=np.int64)
+    # the cells in increasing order of (collective, tier, algorithm, p, nodes, bytes, step),
+    # as aggregating the launches orders them
+    order = np.lexsort((s_codes, b_codes, n_codes, p_codes, alg, tier, j))
+    cells = CellStats(
+        codes={"coll": j[order], "tier": tier[order], "alg": alg[order], "p": p_codes[order],
+               "n": n_codes[order], "b": b_codes[order], "s": s_codes[order]},
+        n=cc["n"].to_numpy(dtype=np.int64)[order].astype(np.float64),
+        mean=cc["mean_log"].to_numpy(dtype=float)[order],
+        ss=cc["ss_log"].to_numpy(dtype=float)[order])
     cj, ct = cells.codes["coll"], cells.codes["tier"]
     p = p_vals[cells.codes["p"]]
     b = b_vals[cells.codes["b"]]
@@ -770,10 +686,7 @@ def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all,
     # nodes, in other sessions, averaged over iterations: they pin latency and bandwidth, but
     # their spread is not the traced job's. Where a collective has both, the benchmark cells
     # get noise and congestion scales of their own, so the public ones stay the job's.
-    bench_runs = {str(r) for t in tables
-                  for r, meta in (t.attrs.get("runs") or {}).items()
-                  if isinstance(meta, dict) and meta.get("benchmark")}
-    run_labels = glob["run"][1]
+    bench_runs = set(stats.benchmark_runs)
     bench_run = np.array([label in bench_runs for label in run_labels] + [False])
     cell_bench = bench_run[s_keys[cells.codes["s"]] // stride]
     has_job = np.zeros(len(modelled), dtype=bool)
@@ -782,7 +695,7 @@ def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all,
     scale = cj.copy()
     split = cell_bench & np.isin(cj, benchmarked)
     scale[split] = len(modelled) + np.searchsorted(benchmarked, cj[split])
-    pair, pair_keys = _factorize(cj * 2 + ct)
+    pair, pair_keys = factorize(cj * 2 + ct)
     # Congestion per (collective, tier): one collective's tiers are different networks (the
     # dev job's data-parallel transfers move by 3 % from step to step, its intra-node tensor-
     # parallel collectives hold still, and one scale for both took the first for the second).
@@ -790,7 +703,7 @@ def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all,
     # noise. A group is (congestion scale, step).
     congestion = pair.copy()
     congestion[split] = len(pair_keys) + np.searchsorted(benchmarked, cj[split])
-    congestion_group, _ = _factorize(congestion * len(s_keys) + cells.codes["s"])
+    congestion_group, _ = factorize(congestion * len(s_keys) + cells.codes["s"])
 
     # Degraded-link units: the transfers that one allocation of nodes times together, all
     # slow at once when one of its nodes has a degraded link. A benchmark sweep is one
@@ -798,8 +711,10 @@ def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all,
     # exposure is the nodes it spans: a sweep's, or every node a job's run has rows from.
     s_of_cell = s_keys[cells.codes["s"]]
     run_of_cell = s_of_cell // stride
-    unit, _ = _factorize(np.where(cell_bench, s_of_cell, -1 - run_of_cell))
-    run_nodes = pd.Series(np.concatenate(glob["node"][0])).groupby(run_all).nunique()
+    unit, _ = factorize(np.where(cell_bench, s_of_cell, -1 - run_of_cell))
+    pairs = kc[["run", "node"]].astype(str).drop_duplicates()
+    run_nodes = pd.Series(pairs.groupby("run")["node"].nunique().reindex(run_labels).to_numpy(),
+                          index=np.arange(len(run_labels)))
     unit_nodes = np.zeros(int(unit.max()) + 1)
     np.maximum.at(unit_nodes, unit, np.where(
         cell_bench, n_vals[cells.codes["n"]],
@@ -843,7 +758,7 @@ def _prepare_collectives(tables, usable, tier, nodes, cls_all, class_labels_all,
         "coll_pair_latency_steps": ref_steps, "coll_pair_bytes_factor": ref_factor,
         "coll_cell_unit": unit, "coll_unit_nodes": unit_nodes, "coll_unit_inter": unit_inter,
     })
-    summary.update({"collective_rows": int(idx.size), "collective_cells": len(cells),
+    summary.update({"collective_rows": int(cc["n"].sum()), "collective_cells": len(cells),
                     "collective_pairs": len(pair_keys)})
 
 
