@@ -283,6 +283,51 @@ def test_benchmark_id_columns_and_column_map(tmp_path, capsys):
             names=("--columns", "THEIRS=OURS"))
 
 
+#: The header of PAL's own SGEMM table (hal-uw/blox-pal, aggregated_data/sim/
+#: sgemm-longhorn-agg.csv): cabinet and node are -1, dev_id is 0, the uuid names the GPU.
+PAL_SGEMM = ("exp,input_size,reps,uuid,cabinet,node,ts,kern,kern_min_start,kern_max_start,"
+             "num_kerns,perf,freq,memfreq,temp,pwr,dev_id\n")
+
+
+def _sgemm_row(uuid: str, ts: int, perf: float, cabinet="-1", node="-1", dev="0") -> str:
+    return (f"sgemm,25536,100,GPU-{uuid},{cabinet},{node},{ts},volta_sgemm_128x32_sliced1x4_nn,"
+            f"290.3,533.3,100,{perf},1350,877,73,296.79,{dev}\n")
+
+
+def test_pal_sgemm_layout_is_read_by_gpu_uuid(tmp_path, capsys):
+    """Issue 21: PAL's SGEMM table was read as ONE GPU (node "-1--1", dev_id 0 for all)."""
+    pal = tmp_path / "sgemm-longhorn-agg.csv"
+    pal.write_text(PAL_SGEMM + _sgemm_row("e134", 1591118862, 2454.7)
+                   + _sgemm_row("ac95", 1591244317, 2382.7)
+                   + _sgemm_row("2ce0", 1589952841, 2368.0)
+                   + _sgemm_row("e134", 1591142201, 2441.8))
+    out_path = tmp_path / "t.parquet"
+    code, out, err = run(capsys, "ingest", pal, "-o", out_path)
+    assert code == 0, err
+    assert "ranks: 3   nodes: 3   steps: 2" in out, out
+    assert "GPUs identified by their uuid" in out and "unknown node" in out
+    import pandas as pd
+
+    table = pd.read_parquet(out_path).sort_values(["rank", "step"])
+    assert table["node"].astype(str).tolist() == ["GPU-2ce0", "GPU-ac95", "GPU-e134",
+                                                 "GPU-e134"]
+    assert table["duration_us"].tolist() == [2368e3, 2382.7e3, 2454.7e3, 2441.8e3]
+    assert table["cabinet"].isna().all()  # all -1: no made-up cabinet
+    # on a known node, uuids sharing a device id are numbered within the node
+    known = tmp_path / "known.csv"
+    known.write_text(PAL_SGEMM + _sgemm_row("bb", 1, 2400.0, "c001", "4")
+                     + _sgemm_row("aa", 2, 2500.0, "c001", "4"))
+    code, out, err = run(capsys, "ingest", known, "-o", out_path)
+    assert code == 0, err
+    assert "ranks: 2   nodes: 1" in out, out
+    # a uuid and no node column at all
+    bare = tmp_path / "bare.csv"
+    bare.write_text("uuid,dev_id,time_ms\nGPU-a,0,5.0\nGPU-b,0,5.5\nGPU-a,0,5.1\n")
+    code, out, err = run(capsys, "ingest", bare, "-o", out_path)
+    assert code == 0, err
+    assert "ranks: 2   nodes: 2" in out, out
+
+
 # --------------------------------------------------------------------------- outputs
 
 
