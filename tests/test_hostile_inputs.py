@@ -363,6 +363,45 @@ def test_atomic_writes_keep_the_old_file_and_leave_no_temporary(tmp_path, capsys
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
 
 
+_KILLED_WRITER = """
+import os, sys, time
+from bayesprism.cli.main import main
+os.replace = lambda *a: time.sleep(120)  # stuck just before the rename: the temporary exists
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_terminated_write_leaves_the_old_file_and_no_temporary(tmp_path, artifacts, sig):
+    """Issue 21: ``kill`` (SIGTERM), or a closed terminal (SIGHUP), during ``forecast -o``
+    removes the write's temporary and keeps the old file; Python's default ended the
+    process without cleanup and the temporary stayed."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    target = tmp_path / "f.json"
+    target.write_text("old")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, "forecast", str(artifacts["post"]), "--draws",
+         "2", "-o", str(target), "--quiet"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".f.json.*.tmp")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.1)
+        proc.send_signal(getattr(signal, sig))
+        code = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert code == 128 + getattr(signal, sig)
+    assert "terminated by signal" in proc.stderr.read()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
+    assert target.read_text() == "old"
+
+
 # --------------------------------------------------------------------------- artifacts
 
 
