@@ -76,10 +76,13 @@ def artifacts(tmp_path_factory) -> dict[str, Path]:
     return paths
 
 
-def tampered(tmp_path: Path, source: Path, name: str, root=None, inventory=None) -> Path:
-    """A copy of a saved posterior with root and/or inventory attrs changed."""
+def tampered(tmp_path: Path, source: Path, name: str, root=None, inventory=None,
+             posterior=None) -> Path:
+    """A copy of a saved posterior with root, inventory and/or posterior-group attrs changed."""
     tree = io.load(source)
     tree.attrs.update(root or {})
+    if posterior:
+        tree["posterior"].attrs = {**tree["posterior"].attrs, **posterior}
     if inventory:
         ds = tree["inventory"].to_dataset()
         ds.attrs.update(inventory)
@@ -159,11 +162,30 @@ def test_rank_without_kernels_and_other_step_counts_are_named(tmp_path, capsys):
     assert "1 of 2 ranks with another number of steps" in out, out
 
 
+def test_a_run_without_any_kernel_is_an_error(tmp_path, capsys):
+    """Issue 21: a trace whose GPU activities are all memory copies became a table of memcpy
+    rows with a note only (exit 0)."""
+    def no_kernels(data):
+        data["traceEvents"] = [e for e in data["traceEvents"] if e.get("cat") != "kernel"]
+        data["traceEvents"].append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD",
+                                    "ts": 1100, "dur": 5,
+                                    "args": {"device": 0, "stream": 7, "correlation": 11}})
+    path = trace_with(tmp_path, "trace.json", no_kernels)
+    refused(capsys, "ingest", path, "-o", tmp_path / "t.parquet",
+            names=(str(path), "traceEvents", "has a GPU kernel", "only memory copies"))
+
+
 def test_unreadable_and_empty_directories(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     refused(capsys, "ingest", empty, "-o", tmp_path / "t.parquet",
             names=(str(empty), "no files"))
+    # only files of no known format: each is named (was "inputs: no trace file found")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "readme.txt").write_text("hello")
+    refused(capsys, "ingest", notes, "-o", tmp_path / "t.parquet",
+            names=(str(notes / "readme.txt"), "not a recognised trace format"))
     if os.geteuid() == 0:
         return  # root reads any directory
     locked = tmp_path / "locked"
@@ -433,6 +455,16 @@ def test_wrong_artifacts_are_named(tmp_path, capsys, artifacts):
         "plan-dp0"])
 def test_tampered_posteriors_are_refused(tmp_path, capsys, artifacts, root, inventory, names):
     path = tampered(tmp_path, artifacts["post"], "bad.nc", root, inventory)
+    refused(capsys, "forecast", path, names=(str(path), *names))
+
+
+@pytest.mark.parametrize(("posterior", "names"), [
+    ({"likelihood": "student_t"}, ("posterior.likelihood", "'lognormal'", "student_t")),
+    ({"model_kind": "step"}, ("posterior.model_kind", "'kernel'", "step")),
+], ids=["likelihood", "model-kind"])
+def test_edited_fit_record_is_refused(tmp_path, capsys, artifacts, posterior, names):
+    """Issue 21: the posterior group's likelihood (or kind), edited, was used without a word."""
+    path = tampered(tmp_path, artifacts["post"], "bad.nc", posterior=posterior)
     refused(capsys, "forecast", path, names=(str(path), *names))
 
 
