@@ -501,10 +501,11 @@ def test_bad_plan_files(tmp_path, capsys, artifacts, content, names):
     (["forecast", "{post}", "--steps", "-5"], ("--steps", "-5")),
     (["forecast", "{post}", "--replicates", "0"], ("--replicates",)),
     (["forecast", "{post}", "--dp", "0"], ("dp", "positive integer")),
+    (["forecast", "{post}", "--dp", "1000000000000"], ("dp", "<= 10,000,000")),
     (["forecast", "{post}", "--plan", "{tmp}"], ("is a directory",)),
     (["place", "{placed}", "--plan", "{ok}", "--drain", "-1"], ("--drain", "-1")),
     (["place", "{placed}", "--plan", "{ok}", "--drain", "1000"], ("drain", "between 0 and")),
-], ids=["steps", "replicates", "dp", "plan-dir", "drain-negative", "drain-too-many"])
+], ids=["steps", "replicates", "dp", "dp-1e12", "plan-dir", "drain-negative", "drain-too-many"])
 def test_command_line_numbers(tmp_path, capsys, artifacts, argv, names):
     values = {"post": artifacts["post"], "placed": artifacts["placed"], "ok": artifacts["ok"],
               "tmp": tmp_path}
