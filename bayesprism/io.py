@@ -204,6 +204,7 @@ def check_artifact(tree: xr.DataTree, source: str = "artifact", expect: str | No
                                     f"artifact schema version {version!r} is not supported; this "
                                     f"bayesprism reads version {ARTIFACT_SCHEMA_VERSION}: refit "
                                     "with this version"))
+    spec = None
     if "spec" in attrs:
         try:
             spec = ModelSpec.from_dict(json.loads(attrs["spec"]))
@@ -221,15 +222,36 @@ def check_artifact(tree: xr.DataTree, source: str = "artifact", expect: str | No
                                         f"disagrees with the stored spec's kind {spec.kind!r}: "
                                         "the file was altered", example=attrs["model_kind"]))
     if found == "posterior":
-        _check_posterior_attrs(tree, source)
+        _check_posterior_attrs(tree, source, spec)
 
 
-def _check_posterior_attrs(tree: xr.DataTree, source: str) -> None:
-    """Model kind and inventory of a posterior: known values that agree with each other."""
+def _check_fit_record(tree: xr.DataTree, source: str, spec: ModelSpec | None) -> None:
+    """Check the posterior group's record of the model against the root attrs and the spec.
+
+    Its kind and its likelihood: an edited one would be used without a word otherwise.
+    """
+    record = tree["posterior"].attrs
+    expected = {"model_kind": tree.attrs.get("model_kind", "kernel")}
+    if spec is not None:
+        expected["likelihood"] = spec.likelihood
+    for key, value in expected.items():
+        if key in record and str(record[key]) != str(value):
+            raise ArtifactError(Problem(source, f"posterior.{key}",
+                                        f"disagrees with the stored spec's {value!r}: the file "
+                                        "was altered", example=record[key]))
+
+
+def _check_posterior_attrs(tree: xr.DataTree, source: str, spec: ModelSpec | None = None
+                           ) -> None:
+    """Check a posterior's model kind, likelihood and inventory.
+
+    Known values that agree with each other and with the stored spec.
+    """
     kind = tree.attrs.get("model_kind", "kernel")
     if kind not in MODEL_KINDS:
         raise ArtifactError(Problem(source, "model_kind", f"unknown model kind; expected one of "
                                     f"{', '.join(MODEL_KINDS)}", example=kind))
+    _check_fit_record(tree, source, spec)
     if "inventory" not in tree.children:
         return
     inventory = tree["inventory"].attrs

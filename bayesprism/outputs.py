@@ -3,17 +3,66 @@
 Light on imports (no xarray), so that ``bayesprism ingest`` can use it. A write goes to a
 hidden temporary in the target folder, ``.NAME.<pid>.tmp``, renamed over ``NAME`` when
 complete; a failed or interrupted write removes its temporary, and one left by a killed process
-(its pid gone) is removed by the next write of the same file.
+(its pid gone) is removed by the next write of the same file. The CLI turns SIGTERM and SIGHUP
+into an exception (:func:`terminate_as_exception`), so that a process stopped by ``kill``,
+a batch scheduler or a closed terminal removes its temporary too; only SIGKILL leaves one, for
+the next write to remove.
 """
 
 from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from bayesprism.errors import InputError, Problem
+
+
+class Terminated(SystemExit):
+    """Raised in the main thread by SIGTERM or SIGHUP inside :func:`terminate_as_exception`.
+
+    A ``SystemExit`` (not an ``Exception``), so that no ``except Exception`` swallows it; its
+    ``code`` is the shell's 128 + signal number.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+@contextmanager
+def terminate_as_exception() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise :class:`Terminated` for the block, handlers restored after.
+
+    Python's default for these signals ends the process at once, running no ``finally``, so
+    an atomic write stopped by ``kill`` left its temporary behind. As an exception, the
+    write's cleanup runs. Outside the main thread (where signals cannot be handled) the
+    block runs unchanged.
+
+    Examples
+    --------
+    >>> with terminate_as_exception():
+    ...     signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    True
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame) -> None:
+        raise Terminated(signum)
+
+    signals = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    previous = {sig: signal.signal(sig, stop) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _temp_path(path: Path, pid: int) -> Path:

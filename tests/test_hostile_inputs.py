@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import zlib
 from pathlib import Path
 
@@ -75,10 +76,13 @@ def artifacts(tmp_path_factory) -> dict[str, Path]:
     return paths
 
 
-def tampered(tmp_path: Path, source: Path, name: str, root=None, inventory=None) -> Path:
-    """A copy of a saved posterior with root and/or inventory attrs changed."""
+def tampered(tmp_path: Path, source: Path, name: str, root=None, inventory=None,
+             posterior=None) -> Path:
+    """A copy of a saved posterior with root, inventory and/or posterior-group attrs changed."""
     tree = io.load(source)
     tree.attrs.update(root or {})
+    if posterior:
+        tree["posterior"].attrs = {**tree["posterior"].attrs, **posterior}
     if inventory:
         ds = tree["inventory"].to_dataset()
         ds.attrs.update(inventory)
@@ -158,11 +162,30 @@ def test_rank_without_kernels_and_other_step_counts_are_named(tmp_path, capsys):
     assert "1 of 2 ranks with another number of steps" in out, out
 
 
+def test_a_run_without_any_kernel_is_an_error(tmp_path, capsys):
+    """Issue 21: a trace whose GPU activities are all memory copies became a table of memcpy
+    rows with a note only (exit 0)."""
+    def no_kernels(data):
+        data["traceEvents"] = [e for e in data["traceEvents"] if e.get("cat") != "kernel"]
+        data["traceEvents"].append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD",
+                                    "ts": 1100, "dur": 5,
+                                    "args": {"device": 0, "stream": 7, "correlation": 11}})
+    path = trace_with(tmp_path, "trace.json", no_kernels)
+    refused(capsys, "ingest", path, "-o", tmp_path / "t.parquet",
+            names=(str(path), "traceEvents", "has a GPU kernel", "only memory copies"))
+
+
 def test_unreadable_and_empty_directories(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     refused(capsys, "ingest", empty, "-o", tmp_path / "t.parquet",
             names=(str(empty), "no files"))
+    # only files of no known format: each is named (was "inputs: no trace file found")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "readme.txt").write_text("hello")
+    refused(capsys, "ingest", notes, "-o", tmp_path / "t.parquet",
+            names=(str(notes / "readme.txt"), "not a recognised trace format"))
     if os.geteuid() == 0:
         return  # root reads any directory
     locked = tmp_path / "locked"
@@ -195,8 +218,14 @@ def test_decompression_bomb_is_stopped(tmp_path, capsys, layout):
                   else (b'{"traceEvents": [{"ph": "X"', b"}]}"))
     path = _bomb(tmp_path / "bomb.json.gz", 40, head, tail)
     assert path.stat().st_size < 100_000
-    refused(capsys, "ingest", path, "-o", tmp_path / "t.parquet",
-            names=(str(path), "decompression bomb", "BAYESPRISM_MAX_COMPRESSION_RATIO"))
+    err = refused(capsys, "ingest", path, "-o", tmp_path / "t.parquet",
+                  names=(str(path), "decompression bomb", "BAYESPRISM_MAX_COMPRESSION_RATIO"))
+    # stopped soon after the 16 MiB from which the ratio is judged, having read less than half
+    # of the bomb: the gzip reader gets its input 8 kB at a time (it took 512 kB, which a bomb
+    # turns into 512 MB, so a 1 GiB bomb was seen only at ~100 MB, and this one at its end)
+    found = re.search(r"([\d,]+) compressed bytes gave ([\d,]+) bytes", err)
+    read, gave = (int(g.replace(",", "")) for g in found.groups())
+    assert read < path.stat().st_size / 2 and gave < 24 << 20, err
 
 
 def test_decompressed_size_cap_is_configurable(tmp_path, capsys, monkeypatch):
@@ -276,6 +305,51 @@ def test_benchmark_id_columns_and_column_map(tmp_path, capsys):
             names=("--columns", "THEIRS=OURS"))
 
 
+#: The header of PAL's own SGEMM table (hal-uw/blox-pal, aggregated_data/sim/
+#: sgemm-longhorn-agg.csv): cabinet and node are -1, dev_id is 0, the uuid names the GPU.
+PAL_SGEMM = ("exp,input_size,reps,uuid,cabinet,node,ts,kern,kern_min_start,kern_max_start,"
+             "num_kerns,perf,freq,memfreq,temp,pwr,dev_id\n")
+
+
+def _sgemm_row(uuid: str, ts: int, perf: float, cabinet="-1", node="-1", dev="0") -> str:
+    return (f"sgemm,25536,100,GPU-{uuid},{cabinet},{node},{ts},volta_sgemm_128x32_sliced1x4_nn,"
+            f"290.3,533.3,100,{perf},1350,877,73,296.79,{dev}\n")
+
+
+def test_pal_sgemm_layout_is_read_by_gpu_uuid(tmp_path, capsys):
+    """Issue 21: PAL's SGEMM table was read as ONE GPU (node "-1--1", dev_id 0 for all)."""
+    pal = tmp_path / "sgemm-longhorn-agg.csv"
+    pal.write_text(PAL_SGEMM + _sgemm_row("e134", 1591118862, 2454.7)
+                   + _sgemm_row("ac95", 1591244317, 2382.7)
+                   + _sgemm_row("2ce0", 1589952841, 2368.0)
+                   + _sgemm_row("e134", 1591142201, 2441.8))
+    out_path = tmp_path / "t.parquet"
+    code, out, err = run(capsys, "ingest", pal, "-o", out_path)
+    assert code == 0, err
+    assert "ranks: 3   nodes: 3   steps: 2" in out, out
+    assert "GPUs identified by their uuid" in out and "unknown node" in out
+    import pandas as pd
+
+    table = pd.read_parquet(out_path).sort_values(["rank", "step"])
+    assert table["node"].astype(str).tolist() == ["GPU-2ce0", "GPU-ac95", "GPU-e134",
+                                                 "GPU-e134"]
+    assert table["duration_us"].tolist() == [2368e3, 2382.7e3, 2454.7e3, 2441.8e3]
+    assert table["cabinet"].isna().all()  # all -1: no made-up cabinet
+    # on a known node, uuids sharing a device id are numbered within the node
+    known = tmp_path / "known.csv"
+    known.write_text(PAL_SGEMM + _sgemm_row("bb", 1, 2400.0, "c001", "4")
+                     + _sgemm_row("aa", 2, 2500.0, "c001", "4"))
+    code, out, err = run(capsys, "ingest", known, "-o", out_path)
+    assert code == 0, err
+    assert "ranks: 2   nodes: 1" in out, out
+    # a uuid and no node column at all
+    bare = tmp_path / "bare.csv"
+    bare.write_text("uuid,dev_id,time_ms\nGPU-a,0,5.0\nGPU-b,0,5.5\nGPU-a,0,5.1\n")
+    code, out, err = run(capsys, "ingest", bare, "-o", out_path)
+    assert code == 0, err
+    assert "ranks: 2   nodes: 2" in out, out
+
+
 # --------------------------------------------------------------------------- outputs
 
 
@@ -309,6 +383,45 @@ def test_atomic_writes_keep_the_old_file_and_leave_no_temporary(tmp_path, capsys
     stale.write_text("orphan")
     io.write_text_atomic(target, good)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
+
+
+_KILLED_WRITER = """
+import os, sys, time
+from bayesprism.cli.main import main
+os.replace = lambda *a: time.sleep(120)  # stuck just before the rename: the temporary exists
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_terminated_write_leaves_the_old_file_and_no_temporary(tmp_path, artifacts, sig):
+    """Issue 21: ``kill`` (SIGTERM), or a closed terminal (SIGHUP), during ``forecast -o``
+    removes the write's temporary and keeps the old file; Python's default ended the
+    process without cleanup and the temporary stayed."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    target = tmp_path / "f.json"
+    target.write_text("old")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, "forecast", str(artifacts["post"]), "--draws",
+         "2", "-o", str(target), "--quiet"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".f.json.*.tmp")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.1)
+        proc.send_signal(getattr(signal, sig))
+        code = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert code == 128 + getattr(signal, sig)
+    assert "terminated by signal" in proc.stderr.read()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
+    assert target.read_text() == "old"
 
 
 # --------------------------------------------------------------------------- artifacts
@@ -345,6 +458,16 @@ def test_tampered_posteriors_are_refused(tmp_path, capsys, artifacts, root, inve
     refused(capsys, "forecast", path, names=(str(path), *names))
 
 
+@pytest.mark.parametrize(("posterior", "names"), [
+    ({"likelihood": "student_t"}, ("posterior.likelihood", "'lognormal'", "student_t")),
+    ({"model_kind": "step"}, ("posterior.model_kind", "'kernel'", "step")),
+], ids=["likelihood", "model-kind"])
+def test_edited_fit_record_is_refused(tmp_path, capsys, artifacts, posterior, names):
+    """Issue 21: the posterior group's likelihood (or kind), edited, was used without a word."""
+    path = tampered(tmp_path, artifacts["post"], "bad.nc", posterior=posterior)
+    refused(capsys, "forecast", path, names=(str(path), *names))
+
+
 def test_older_version_is_read_with_a_warning(tmp_path, artifacts):
     from bayesprism.errors import ArtifactWarning
 
@@ -378,10 +501,11 @@ def test_bad_plan_files(tmp_path, capsys, artifacts, content, names):
     (["forecast", "{post}", "--steps", "-5"], ("--steps", "-5")),
     (["forecast", "{post}", "--replicates", "0"], ("--replicates",)),
     (["forecast", "{post}", "--dp", "0"], ("dp", "positive integer")),
+    (["forecast", "{post}", "--dp", "1000000000000"], ("dp", "<= 10,000,000")),
     (["forecast", "{post}", "--plan", "{tmp}"], ("is a directory",)),
     (["place", "{placed}", "--plan", "{ok}", "--drain", "-1"], ("--drain", "-1")),
     (["place", "{placed}", "--plan", "{ok}", "--drain", "1000"], ("drain", "between 0 and")),
-], ids=["steps", "replicates", "dp", "plan-dir", "drain-negative", "drain-too-many"])
+], ids=["steps", "replicates", "dp", "dp-1e12", "plan-dir", "drain-negative", "drain-too-many"])
 def test_command_line_numbers(tmp_path, capsys, artifacts, argv, names):
     values = {"post": artifacts["post"], "placed": artifacts["placed"], "ok": artifacts["ok"],
               "tmp": tmp_path}

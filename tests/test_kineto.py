@@ -246,7 +246,7 @@ def test_streamed_decoding_equals_whole_file_decoding(shared_data, monkeypatch, 
         stream = kineto_json.StreamedTrace(path)
         streamed = kineto_json.scan_events(stream.slices())
         meta, events = kineto_json.load_trace(path)
-        assert streamed == kineto_json.scan_events(iter([events]))
+        assert streamed.equals(kineto_json.scan_events(iter([events])))
         assert stream.metadata.distributedInfo == meta.distributedInfo
         assert stream.metadata.deviceProperties == meta.deviceProperties
 
@@ -266,8 +266,60 @@ def test_one_event_per_line_streams_too(tmp_path, monkeypatch, slice_bytes):
         stream = kineto_json.StreamedTrace(path)
         streamed = kineto_json.scan_events(stream.slices())
         meta, events = kineto_json.load_trace(path)
-        assert streamed == kineto_json.scan_events(iter([events]))
+        assert streamed.equals(kineto_json.scan_events(iter([events])))
         assert stream.metadata.distributedInfo == meta.distributedInfo
+
+
+def test_streamed_decoding_keeps_columns_not_events(tmp_path, monkeypatch):
+    """Issue 21: while a trace streams, each slice of events is reduced to compact columns
+    before the next is read, so the decoding peak is the columns plus a few slices, not every
+    event of the file (before: 39 MB here, ~1.3 kB per GPU activity; now ~8 MB); the table
+    equals the one read by whole-file decoding."""
+    import tracemalloc
+
+    from bayesprism.ingest import kineto, kineto_json
+    from bayesprism.simulate import simulate
+
+    simulate(tmp_path / "sim", nodes=1, gpus_per_node=1, steps=150, random_seed=0)
+    path = next((tmp_path / "sim").glob("*.json.gz"))
+    tracemalloc.start()
+    try:
+        scan = kineto_json.scan_events(kineto_json.StreamedTrace(path).slices())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    columns = sum(v.nbytes for v in vars(scan).values() if isinstance(v, np.ndarray))
+    assert len(scan.name_code) == 30_000 and columns < 3_000_000  # ~70 bytes per activity
+    assert peak < columns + 8 * kineto_json.SLICE_BYTES, (peak, columns)
+    streamed, _ = read_kineto(path, run="r")
+
+    def whole_file(self):
+        raise kineto_json.SliceLayoutError
+        yield
+
+    monkeypatch.setattr(kineto.StreamedTrace, "slices", whole_file)
+    pd.testing.assert_frame_equal(streamed, read_kineto(path, run="r")[0])
+
+
+def test_an_event_without_end_in_sight_is_not_searched_again_and_again(tmp_path, monkeypatch):
+    """Issue 21: a file with no event boundary for MAX_EVENT_BYTES (one huge event, a run of
+    whitespace) stops being sliced, rather than being searched again at every block (time
+    quadratic in the run: a 1 GiB run of spaces took 6 minutes), and is read whole."""
+    from bayesprism.ingest import kineto_json
+
+    monkeypatch.setattr(kineto_json, "SLICE_BYTES", 4096)
+    monkeypatch.setattr(kineto_json, "MAX_EVENT_BYTES", 64 << 10)
+    data = json.loads(GOLDEN_FILES[0].read_text())
+    expected, _ = read_kineto(GOLDEN_FILES[0], run="r")
+    kernel = next(e for e in data["traceEvents"] if e.get("cat") == "cpu_op"
+                  or e.get("cat") == "kernel")
+    kernel.setdefault("args", {})["note"] = "x" * (200 << 10)
+    path = tmp_path / GOLDEN_FILES[0].name
+    path.write_text(json.dumps(data).replace('"traceEvents": [', '"traceEvents": [\n'))
+    with pytest.raises(kineto_json.SliceLayoutError):
+        list(kineto_json.StreamedTrace(path).slices())
+    df, _ = read_kineto(path, run="r")
+    pd.testing.assert_frame_equal(df, expected)
 
 
 def test_other_layouts_fall_back_to_whole_file_decoding(tmp_path):

@@ -15,6 +15,7 @@ import warnings
 
 from bayesprism._version import __version__
 from bayesprism.errors import BayesPrismError, InputError
+from bayesprism.outputs import Terminated, terminate_as_exception
 
 #: Sub-commands in the order shown by ``--help`` (module ``bayesprism.cli.<name>``).
 SUBCOMMANDS = (
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     caught: list = []
     try:
         # the filters stay as they are (library deprecations remain hidden)
-        with warnings.catch_warnings(record=True) as caught:
+        # kill/SIGTERM as an exception: atomic writes remove their temporaries on the way out
+        with warnings.catch_warnings(record=True) as caught, terminate_as_exception():
             _warn_renamed_options(sys.argv[1:] if argv is None else argv)
             return int(args.func(args) or 0)
     except InputError as exc:
@@ -95,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Terminated as exc:
+        print(f"terminated by signal {exc.signum}", file=sys.stderr)
+        return int(exc.code)
     finally:
         if not chosen:
             os.environ.pop("BAYESPRISM_INGEST_WORKERS", None)

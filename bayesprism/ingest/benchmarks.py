@@ -35,7 +35,13 @@ Choices worth knowing:
 * Node and GPU ids: ``node``/``node_id``/``hostname``/``host``/... and
   ``device``/``gpu``/``gpu_index``/``gpu_id``/``dev_id``/``device_id``/``local_rank``/...
   (:data:`ID_COLUMNS`); a GPU column of uuids (strings) is numbered within each node in sorted
-  order (noted). ``column_map={"their_name": "node"}`` names any other column. A node
+  order (noted). ``column_map={"their_name": "node"}`` names any other column.
+* A GPU ``uuid`` column next to numeric ids is the GPU's identity when the ids do not tell the
+  uuids apart, as in PAL's own SGEMM table (``sim/sgemm-longhorn-agg.csv``: ``cabinet`` and
+  ``node`` are ``-1``, ``dev_id`` is 0 for every GPU): a GPU whose node is unknown (``-1``,
+  empty) is a node of its own named by its uuid (GPU 0); on a known node, the uuids are numbered
+  0, 1, ... in sorted order. A table with a uuid and no node column reads the same way. Both
+  are noted: node and GPU effects cannot be told apart for such GPUs. A node
   named like a traced host (``dgx-h100-0568``) is the same node in a joint fit with the traces,
   so its benchmark timings and its kernels share one node effect.
 * A ``kernel`` column (the benchmarked kernel's name) is the workload when no ``exp``/``model``
@@ -75,6 +81,7 @@ ID_COLUMNS = {
     # numeric ids first; a GPU uuid (a string) is numbered within its node
     "gpu": ("device", "gpu", "local_gpu_id", "gpu_index", "gpu_id", "dev_id", "device_id",
             "device_index", "local_rank", "cuda_device", "gpu_uuid", "uuid"),
+    "uuid": ("uuid", "gpu_uuid"),
     "workload": ("exp", "model", "workload", "benchmark", "app"),
     "repeat": ("reps", "rep", "repeat", "run", "trial"),
     "session": ("session", "session_id"),
@@ -82,6 +89,8 @@ ID_COLUMNS = {
     "cluster": ("cluster", "system"),
     "kernel": ("kernel", "kernel_name"),
 }
+#: Node or cabinet ids that mean "not known" (PAL writes -1).
+_UNKNOWN_IDS = frozenset({"-1", "", "nan", "none", "unknown", "na", "n/a"})
 #: Shape columns appended to a ``kernel`` column's name (``name[m=..,n=..,k=..,dtype]``).
 _SHAPE_COLUMNS = ("m", "n", "k", "dtype")
 #: Generic timing columns: ``<stem>_<unit>``, recognised when no PAL layout matches.
@@ -118,7 +127,8 @@ def can_read(path: Path, head: bytes) -> bool:
     names = {c.strip().strip('"') for c in re.split(r"[,\t]", header)}
     if "duration_us" in names or len(names & _TIDY_COLUMNS) >= 4:
         return False  # a tidy trace table (the tabular reader's)
-    return bool(names & set(ID_COLUMNS["node"])) and bool(names & set(ID_COLUMNS["gpu"]))
+    has_node = bool(names & set(ID_COLUMNS["node"])) or bool(names & set(ID_COLUMNS["uuid"]))
+    return has_node and bool(names & set(ID_COLUMNS["gpu"]))
 
 
 def read_gpu_benchmark(
@@ -168,7 +178,8 @@ def read_gpu_benchmark(
     notes: list[str] = []
     skipped: dict[str, int] = {}
     cols = _find_id_columns(table)
-    missing = [k for k in ("node", "gpu") if k not in cols]
+    missing = [k for k in ("node", "gpu") if k not in cols
+               and not (k == "node" and "uuid" in cols)]
     if missing:
         raise TraceFormatError(
             [
@@ -201,13 +212,12 @@ def read_gpu_benchmark(
             )
         )
 
-    node_number = table[cols["node"]].map(_node_label)
-    if "cabinet" in cols:
-        cabinet = table[cols["cabinet"]].astype(str).str.strip()
-        node = cabinet + "-" + node_number
-    else:
-        cabinet = None
-        node = node_number
+    node_number = (table[cols["node"]].map(_node_label) if "node" in cols
+                   else pd.Series("-1", index=table.index))
+    cabinet = table[cols["cabinet"]].astype(str).str.strip() if "cabinet" in cols else None
+    if cabinet is not None and cabinet.str.lower().isin(_UNKNOWN_IDS).all():
+        cabinet = None  # PAL's -1: one made-up cabinet would pool unrelated nodes
+    node = node_number if cabinet is None else cabinet + "-" + node_number
     gpu = pd.to_numeric(table[cols["gpu"]], errors="coerce")
     if gpu.isna().all():
         gpu = _numbered_within_node(table[cols["gpu"]], node)
@@ -225,6 +235,14 @@ def read_gpu_benchmark(
             )
         )
     gpu = gpu.astype("int64")
+    by_uuid = "uuid" in cols and cols["uuid"] != cols["gpu"]
+    if by_uuid:
+        before = len(notes)
+        node, gpu = _uuid_identity(table[cols["uuid"]], node, node_number, gpu, path.name,
+                                   notes)
+        by_uuid = len(notes) > before  # the uuids were needed (and said so)
+        if cabinet is not None:
+            cabinet = cabinet.where(~node_number.str.lower().isin(_UNKNOWN_IDS), "")
     if "workload" in cols:
         workload = table[cols["workload"]].astype(str)
     elif "kernel" in cols:
@@ -274,7 +292,9 @@ def read_gpu_benchmark(
         out["cabinet"] = cabinet.to_numpy()
     out = out.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
 
-    used = {value_column, *cols.values(), "warmup"}
+    used = {value_column, *cols.values(), "warmup"} - (
+        {cols["uuid"]} if "uuid" in cols and not by_uuid and cols["uuid"] != cols["gpu"]
+        else set())
     if "kernel" in cols and "workload" not in cols:
         used |= {c for c in table.columns if str(c).lower() in _SHAPE_COLUMNS}
     dropped = [str(c) for c in table.columns if c not in used and not str(c).startswith("Unnamed")]
@@ -332,6 +352,38 @@ def _numbered_within_node(ids: pd.Series, node: pd.Series) -> pd.Series:
     pairs = pd.DataFrame({"node": node.to_numpy(), "id": ids.astype(str).to_numpy()},
                          index=ids.index)
     return pairs.groupby("node")["id"].rank(method="dense").astype("int64") - 1
+
+
+def _uuid_identity(uuid: pd.Series, node: pd.Series, node_number: pd.Series, gpu: pd.Series,
+                   name: str, notes: list[str]) -> tuple[pd.Series, pd.Series]:
+    """Node and GPU of each row when a uuid column names the GPUs the ids do not tell apart.
+
+    Where (node, GPU id) pairs each hold one uuid the ids stand. Else a GPU on an unknown node
+    (``-1``, empty) is a node of its own named by its uuid, with GPU 0, and the uuids on a
+    known node are numbered 0, 1, ... in sorted order.
+
+    Examples
+    --------
+    >>> uuid = pd.Series(["GPU-b", "GPU-a", "GPU-b", "GPU-c"])
+    >>> node, gpu = _uuid_identity(uuid, pd.Series(["-1", "-1", "-1", "n7"]),
+    ...                            pd.Series(["-1", "-1", "-1", "7"]), pd.Series([0, 0, 0, 0]),
+    ...                            "t.csv", [])
+    >>> node.tolist(), gpu.tolist()
+    (['GPU-b', 'GPU-a', 'GPU-b', 'n7'], [0, 0, 0, 0])
+    """
+    ids = uuid.astype(str).str.strip()
+    unknown = node_number.str.lower().isin(_UNKNOWN_IDS)
+    pairs = pd.DataFrame({"node": node.to_numpy(), "gpu": gpu.to_numpy(), "id": ids.to_numpy()})
+    shared = pairs.groupby(["node", "gpu"])["id"].nunique().max() > 1
+    if not shared and not unknown.any():
+        return node, gpu
+    node = node.where(~unknown, ids)
+    gpu = _numbered_within_node(ids, node) if shared else gpu.where(~unknown, 0)
+    notes.append(f"{name}: GPUs identified by their uuid ({uuid.name}): the node and GPU ids "
+                 "do not tell them apart" + (f"; {int(ids[unknown].nunique())} GPUs on an "
+                 "unknown node (-1) are each a node of their own, so node and GPU effects "
+                 "cannot be told apart for them" if unknown.any() else ""))
+    return node, gpu
 
 
 def _find_id_columns(table: pd.DataFrame) -> dict[str, str]:

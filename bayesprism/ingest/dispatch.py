@@ -61,6 +61,8 @@ HEAD_BYTES = 64 * 1024
 #: Two files of one run whose first kernels are further apart than this are different jobs.
 MAX_RUN_SPREAD_US = 3600e6
 SKIP_UNRECOGNISED = "file of unrecognised format (found in a directory)"
+FORMATS_READ = ("PyTorch profiler/Kineto JSON, MLPerf log, nccl-tests output, benchmark or tidy "
+                "CSV/Parquet table")
 SKIP_BAD_FILE = "file that cannot be read as a trace (skipped: not strict)"
 #: (format name, module, reader function), in the order their ``can_read`` is asked.
 READERS: tuple[tuple[str, str, str], ...] = (
@@ -359,6 +361,13 @@ class IngestCollector:
             for text in notes:
                 self.note(text)
         for run, ranks in self.rank_files.items():
+            if not any(kernels for _, kernels, _ in ranks.values()):
+                # a table of memory copies alone: nothing of the step's compute to model
+                self.problems.append(Problem(
+                    min(src for src, _, _ in ranks.values()), "traceEvents",
+                    f"run {run}: none of its {len(ranks)} rank file(s) has a GPU kernel (cat "
+                    "'kernel', ph 'X'), only memory copies or sets: not a usable trace"))
+                continue
             for text in unusual_ranks(run, ranks):
                 self.note(text)
         return signature_map(self.signature_stats)
@@ -487,9 +496,8 @@ def iter_frames(files: list[TraceFile], options: dict, collector: IngestCollecto
             if f.explicit:
                 table = unrecognised_table(f.path, head)
                 bad_file([Problem(
-                    str(f.path), "", table or "not a recognised trace format (PyTorch "
-                    "profiler/Kineto JSON, MLPerf log, nccl-tests output, benchmark or tidy "
-                    "CSV/Parquet table)")])
+                    str(f.path), "", table or f"not a recognised trace format ({FORMATS_READ})"
+                )])
             else:
                 collector.skip(SKIP_UNRECOGNISED)
                 collector.unrecognised.append(str(f.path))
@@ -585,12 +593,24 @@ def _read_in_order(tasks: list[tuple]) -> Iterator[tuple]:
 
 
 def raise_problems(collector: IngestCollector, found_any: bool) -> None:
+    """Raise the collected problems; with nothing read, the files that were not traces are
+    the problem (bad ones when not strict, else those of unrecognised format, named)."""
     if not found_any and not collector.problems:
-        # not strict and every file bad: those files are the problem
-        collector.problems.extend(collector.bad_files
-                                  or [Problem("inputs", "", "no trace file found")])
+        collector.problems.extend(collector.bad_files or _nothing_read(collector.unrecognised))
     if collector.problems:
         raise TraceFormatError(collector.problems)
+
+
+def _nothing_read(unrecognised: list[str]) -> list[Problem]:
+    """Why nothing was read: each file of unrecognised format (the first five), else none."""
+    if not unrecognised:
+        return [Problem("inputs", "", "no trace file found")]
+    problems = [Problem(path, "", f"not a recognised trace format ({FORMATS_READ}); no input "
+                        "file was a trace") for path in unrecognised[:5]]
+    if len(unrecognised) > 5:
+        problems.append(Problem("inputs", "", f"and {len(unrecognised) - 5} more files of "
+                                "unrecognised format"))
+    return problems
 
 
 def reader_options(gpus_per_node, rank_to_node, column_map, layout=None) -> dict:

@@ -30,6 +30,8 @@ DEFAULT_MAX_RATIO = 200.0
 #: Decompressed bytes after which the ratio is judged (small files may compress a lot).
 RATIO_AFTER_BYTES = 16 << 20
 _READ = 8 << 20  # decompressed bytes per read into the output buffer
+#: Compressed bytes a gzip reader gets per read (:class:`ShortReads`).
+GZIP_INPUT_BYTES = 8 << 10
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,45 @@ class DecompressionLimits:
                 "off)"))
 
 
+class ShortReads:
+    """A binary file that gives at most :data:`GZIP_INPUT_BYTES` per ``read``.
+
+    A gzip reader pulls its compressed input in blocks of 512 kB, which a decompression bomb
+    (deflate's ratio is about 1000) turns into 512 MB before the compressed position moves,
+    so the ratio check of :meth:`DecompressionLimits.check` saw a bomb only at ~100 MB. Fed
+    8 kB at a time, the position follows the output and a bomb is stopped within ~8 MB of
+    the ratio's threshold.
+
+    Examples
+    --------
+    >>> import io
+    >>> fh = ShortReads(io.BytesIO(b"x" * 20_000))
+    >>> len(fh.read(-1)), len(fh.read(100)), fh.tell()
+    (8192, 100, 8292)
+    """
+
+    def __init__(self, fh) -> None:
+        self.fh = fh
+
+    def read(self, size: int = -1) -> bytes:
+        """At most :data:`GZIP_INPUT_BYTES` bytes (fewer when ``size`` asks fewer)."""
+        return self.fh.read(GZIP_INPUT_BYTES if size is None or size < 0
+                            else min(size, GZIP_INPUT_BYTES))
+
+    def readinto(self, buffer) -> int:
+        """Fill at most :data:`GZIP_INPUT_BYTES` of ``buffer``; the number of bytes read."""
+        with memoryview(buffer) as view:
+            return self.fh.readinto(view[:GZIP_INPUT_BYTES])
+
+    def tell(self) -> int:
+        """The position in the underlying file: the compressed bytes read so far."""
+        return self.fh.tell()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        """Move in the underlying file (a gzip reader rewinds a little between members)."""
+        return self.fh.seek(offset, whence)
+
+
 def _size_hint(raw: bytes, limits: DecompressionLimits) -> int:
     """The decompressed size the gzip trailer states (ISIZE: the last member's size mod 2^32),
     within what the limits allow: a hint to size the buffer, never trusted."""
@@ -119,7 +160,7 @@ def _bounded_decompress(raw: bytes, source: str, limits: DecompressionLimits) ->
     compressed = io.BytesIO(raw)
     out = bytearray(_size_hint(raw, limits))
     total = 0
-    with igzip.IGzipFile(fileobj=compressed) as fh:
+    with igzip.IGzipFile(fileobj=ShortReads(compressed)) as fh:
         while True:
             if total < len(out):
                 with memoryview(out) as view:

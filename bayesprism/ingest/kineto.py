@@ -32,8 +32,9 @@ What is read, and how (DESIGN §4):
 * ``occurrence`` is the n-th (from 0) launch of the same normalised kernel name on the rank in
   the step, in GPU start order.
 
-Decoding is in :mod:`bayesprism.ingest.kineto_json` (fast, slice by slice); the events are
-scanned once into a few flat lists, then everything is vectorised.
+Decoding is in :mod:`bayesprism.ingest.kineto_json` (fast, slice by slice); each slice of
+events is reduced to compact columns (:class:`~bayesprism.ingest.kineto_json.ScannedEvents`)
+before the next is read, then everything is vectorised.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import numpy as np
 import pandas as pd
 
 from bayesprism.errors import IngestWarning, Problem, TraceFormatError
-from bayesprism.ingest.annotate import annotate_rank, distinct_codes, launch_config, ordinals
+from bayesprism.ingest.annotate import annotate_rank, ordinals
 from bayesprism.ingest.classify import (
     classify_kernel,
     collective_class,
@@ -57,6 +58,7 @@ from bayesprism.ingest.classify import (
 from bayesprism.ingest.groups import collect_groups
 from bayesprism.ingest.kineto_json import (
     STEP_PREFIX,
+    ScannedEvents,
     SliceLayoutError,
     StreamedTrace,
     load_trace,
@@ -73,7 +75,6 @@ SKIP_MISSING_TS = "kernel without a timestamp (ts)"
 #: Share of a file's GPU activities that may be unusable (skipped for a reason above) before
 #: the file is refused rather than read with counts (real traces here: at most 20 %).
 MAX_UNUSABLE_SHARE = 0.5
-_NUMBER_TYPES = (int, float, type(None))
 
 #: ``<host>_<pid>.<timestamp>.pt.trace.json[.gz]`` (torch.profiler.tensorboard_trace_handler).
 TRACE_HANDLER_NAME = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<ts>\d+)\.pt\.trace\.json(\.gz)?$")
@@ -108,28 +109,6 @@ def can_read(path: Path, head: bytes) -> bool:
         return False
     return any(key in head for key in (b'"traceEvents"', b'"distributedInfo"',
                                        b'"deviceProperties"', b'"schemaVersion"'))
-
-
-def _as_float(values: list) -> np.ndarray:
-    try:
-        return np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
-        return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(
-            dtype=np.float64, na_value=np.nan)
-
-
-def _numbers(values: list, field: str, source: str) -> tuple[np.ndarray, Problem | None]:
-    """``values`` (JSON numbers or missing) as floats, NaN where missing, and the problem
-    when some are of another JSON type (a string such as ``"12"``, a bool): those are never
-    converted, since ``true`` would become 1 µs."""
-    kinds = set(map(type, values))  # one C-level pass; the check below runs only on a mismatch
-    if kinds.issubset(_NUMBER_TYPES):
-        return _as_float(values), None
-    bad = [v for v in values if type(v) not in _NUMBER_TYPES]
-    return np.full(len(values), np.nan), Problem(
-        source, f"traceEvents.{field}",
-        f"GPU activities' {field} must be a JSON number (µs), found "
-        f"{', '.join(sorted({type(v).__name__ for v in bad}))}", len(bad), bad[0])
 
 
 def _step_ranges(events: list[tuple[str, float, float]]) -> tuple[np.ndarray, np.ndarray,
@@ -274,7 +253,7 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
     start, duration, usable, skipped = _times(scan, source)
     step = _kernel_steps(scan, start)
     keep = _kept(usable, step, skipped, source, accept_unusable)
-    kernels = _kernel_codes(scan.names)
+    kernels = _kernel_codes(scan)
     coll = _collective_details(scan, kernels)
     dev, strm = _devices(scan)
     # the kept rows in time order within each step (sorted before the frame is built: one
@@ -289,7 +268,7 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
         source)
     df, layout, rank_problems = annotate_rank(
         df, groups=groups, rank=rank, world_size=world_size,
-        op_names=coll.op_name[rows], launch=launch_config(scan.grid, scan.block)[rows],
+        op_names=coll.op_name[rows], launch=scan.launch_labels[scan.launch_code[rows]],
         source=source)
     if group_problems or rank_problems:
         raise TraceFormatError(group_problems + rank_problems)
@@ -315,8 +294,8 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
         "world_size": world_size,
         "start_us": float(np.nanmin(start)) if np.isfinite(start).any() else None,
         "job": job,
-        "gpu_events": len(scan.names),
-        "kernel_events": int(sum(scan.is_kernel)),
+        "gpu_events": len(scan.name_code),
+        "kernel_events": int(scan.is_kernel.sum()),
         "layout": layout,
     }
     return df, report
@@ -326,8 +305,9 @@ def read_kineto(path: str | Path, *, node: str | None = None, gpus_per_node: int
 
 
 def _scan(path: Path):
-    """The trace's metadata and its scanned GPU events: streamed slice by slice, or read whole
-    when the file's layout does not allow slicing."""
+    """The trace's metadata and its scanned GPU events: streamed slice by slice (each slice
+    reduced to compact columns before the next is read), or read whole when the file's layout
+    does not allow slicing."""
     stream = StreamedTrace(path)
     try:
         scan = scan_events(stream.slices())
@@ -368,14 +348,13 @@ def _event_problems(scan, rank: int | None, world_size: int | None, source: str,
     """No kernels, unnamed kernels, no ProfilerStep; a rank outside the world size (when the
     identity had no problem: ``checked``)."""
     problems: list[Problem] = []
-    names = scan.names
-    n_kernels = sum(1 for n in names if isinstance(n, str))
-    if not names:
+    unnamed = int((scan.name_code < 0).sum())
+    if not len(scan.name_code):
         problems.append(Problem(source, "traceEvents",
                                 "no GPU kernel events (cat 'kernel', ph 'X'): nothing to read"))
-    elif n_kernels < len(names):
+    elif unnamed:
         problems.append(Problem(source, "traceEvents.name", "GPU events without a kernel name",
-                                len(names) - n_kernels))
+                                unnamed))
     if not scan.cpu_steps and not scan.gpu_steps:
         problems.append(Problem(source, "traceEvents",
                                 "no ProfilerStep#N annotation: kernels cannot be assigned to "
@@ -391,13 +370,23 @@ def _event_problems(scan, rank: int | None, world_size: int | None, source: str,
     return problems
 
 
-def _times(scan, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
+def _not_numbers(scan: ScannedEvents, source: str) -> list[Problem]:
+    """A problem for ``ts`` and for ``dur`` when some are of another JSON type than a number
+    (a string such as ``"12"``, a bool): those are never converted, since ``true`` would
+    become 1 µs."""
+    return [Problem(source, f"traceEvents.{name}",
+                    f"GPU activities' {name} must be a JSON number (µs), found "
+                    f"{', '.join(sorted(bad.kinds))}", bad.count, bad.example)
+            for name, bad in scan.bad.items() if bad.count]
+
+
+def _times(scan: ScannedEvents, source: str
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
     """Start and duration (µs) of every GPU activity, which of them are usable, and the
     counts of the unusable ones by reason; refuses non-numbers, infinities, durations over a
     day."""
-    start, ts_problem = _numbers(scan.ts, "ts", source)
-    duration, dur_problem = _numbers(scan.dur, "dur", source)
-    problems = [p for p in (ts_problem, dur_problem) if p is not None]
+    start, duration = scan.ts, scan.dur
+    problems = _not_numbers(scan, source)
     with np.errstate(invalid="ignore"):
         too_long = ~(duration <= MAX_DURATION_US) & ~np.isnan(duration)
         endless = np.isinf(start)
@@ -427,12 +416,11 @@ def _times(scan, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[
 def _kernel_steps(scan, start: np.ndarray) -> np.ndarray:
     """Step of each kernel: its CPU launch inside a CPU ProfilerStep range, else its start
     inside a GPU one; -1 outside any."""
-    corr_arr = _as_float(scan.corr)
-    step = np.full(len(scan.names), -1, dtype=np.int64)
-    launched = np.zeros(len(scan.names), dtype=bool)
-    if scan.launch_corr:
-        l_corr = _as_float(scan.launch_corr)
-        l_ts = _as_float(scan.launch_ts)
+    corr_arr = scan.corr
+    step = np.full(len(scan.name_code), -1, dtype=np.int64)
+    launched = np.zeros(len(scan.name_code), dtype=bool)
+    if len(scan.launch_corr):
+        l_corr, l_ts = scan.launch_corr, scan.launch_ts
         order = np.argsort(l_corr, kind="stable")
         l_corr, l_ts = l_corr[order], l_ts[order]
         pos = np.clip(np.searchsorted(l_corr, corr_arr), 0, len(l_corr) - 1)
@@ -476,8 +464,9 @@ class _Kernels:
     kclass: np.ndarray  # activity -> kernel class code (collectives' refined from their args)
 
 
-def _kernel_codes(names: list) -> _Kernels:
-    codes, uniques = pd.factorize(pd.Series(names, dtype=object))
+def _kernel_codes(scan: ScannedEvents) -> _Kernels:
+    codes = scan.name_code.astype(np.intp)
+    uniques = np.array(scan.names, dtype=object)
     norm = np.array([normalize_kernel_name(u) for u in uniques], dtype=object)
     kernel_names, norm_code = np.unique(norm, return_inverse=True)
     class_code = np.array([_CLASS_INDEX[classify_kernel(u)] for u in uniques], dtype=np.int8)
@@ -500,7 +489,7 @@ class _Collectives:
 def _collective_details(scan, kernels: _Kernels) -> _Collectives:
     """Collective details of the activities; refines ``kernels.kclass`` of the NCCL kernels
     whose args name their collective."""
-    n = len(scan.names)
+    n = len(scan.name_code)
     codes = kernels.codes
     out = _Collectives(np.full(n, np.nan), np.full(n, np.nan), np.full(n, None, dtype=object),
                        np.full(n, None, dtype=object), np.full(n, None, dtype=object), {})
@@ -509,16 +498,12 @@ def _collective_details(scan, kernels: _Kernels) -> _Collectives:
     if is_nccl.any():
         dtype_unique = np.array([_dtype_from_name(u) for u in kernels.norm], dtype=object)
         out.dtype[is_nccl] = dtype_unique[codes[is_nccl]]
-    if not scan.coll_rows:
+    if not len(scan.coll_rows):
         return out
-    coll_args = scan.coll_args
-    # a step repeats the same few collectives: read each distinct set of fields once
-    rows = np.asarray(scan.coll_rows, dtype=np.int64)
-    key_code, first = distinct_codes([
-        (a.collective, a.dtype, a.in_nelems, a.out_nelems, a.group_size, a.process_group,
-         a.process_group_ranks is not None) for a in coll_args])
+    # a step repeats the same few collectives: each distinct set of fields is read once
+    rows, key_code = scan.coll_rows, scan.coll_code
     classes, dtypes, sizes, groups_of, pgs, ops = zip(
-        *(_collective_fields(coll_args[j]) for j in first), strict=True)
+        *(_collective_fields(args) for args in scan.coll_args), strict=True)
 
     def per_row(values) -> np.ndarray:
         one = np.empty(len(values), dtype=object)
@@ -535,8 +520,7 @@ def _collective_details(scan, kernels: _Kernels) -> _Collectives:
     out.group_size[rows] = np.asarray(groups_of, dtype=float)[key_code]
     out.process_group[rows] = per_row(pgs)
     out.op_name[rows] = per_row(ops)
-    for j in first:
-        args = coll_args[j]
+    for args in scan.coll_args:
         pg = args.process_group
         if pg is not None and str(pg) not in out.groups and args.process_group_ranks is not None:
             out.groups[str(pg)] = (str(pg), args.process_group_desc, args.process_group_ranks)
@@ -545,11 +529,11 @@ def _collective_details(scan, kernels: _Kernels) -> _Collectives:
 
 def _devices(scan) -> tuple[np.ndarray, np.ndarray]:
     """Device (a missing one: the most common) and stream of every activity."""
-    dev = _as_float(scan.device)
+    dev = scan.device.copy()
     if np.isnan(dev).any():
         known = dev[~np.isnan(dev)]
         dev[np.isnan(dev)] = np.bincount(known.astype(np.int64)).argmax() if len(known) else 0
-    return dev, _as_float(scan.stream)
+    return dev, scan.stream
 
 
 def _frame(rows: np.ndarray, *, run: str, rank: int, node: str, source: str, step, dev, strm,

@@ -22,6 +22,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from bayesprism.outputs import write_atomic
 from bayesprism.report.sections import duration_unit
 
 # arviz_plots is imported inside the figures that use it (start-up time).
@@ -52,7 +53,9 @@ def _save(fig: Figure, path: str | Path, title: str) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tight_layout warns on axes it cannot fit; harmless
         fig.tight_layout(rect=(0, 0, 1, 0.95))
-    fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Title": title})
+    # atomic: a killed write never leaves half a figure under the final name
+    write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight",
+                                               metadata={"Title": title}))
     plt.close(fig)
     return path
 
@@ -472,6 +475,7 @@ def plot_pit_histogram(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_atomic(path, lambda tmp: fig.savefig(tmp, format=Path(path).suffix[1:] or "png",
+                                               dpi=120))
     plt.close(fig)
     return path
