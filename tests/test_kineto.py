@@ -322,17 +322,30 @@ def test_an_event_without_end_in_sight_is_not_searched_again_and_again(tmp_path,
     pd.testing.assert_frame_equal(df, expected)
 
 
-def test_other_layouts_fall_back_to_whole_file_decoding(tmp_path):
+def test_compact_json_streams_too_and_a_false_cut_falls_back(tmp_path, monkeypatch):
+    """Compact JSON (json.dump's default separators, no whitespace) streams slice by slice;
+    a "},{" inside a string (C++ template kernel names have them) where a slice is cut fails
+    to decode and the file is read whole: the same table either way."""
     from bayesprism.ingest import kineto_json
 
-    # compact JSON (no space after the key): no slicing, the whole file is decoded
-    compact = tmp_path / "compact.pt.trace.json"
-    compact.write_text(json.dumps(json.loads(GOLDEN_FILES[0].read_text()),
-                                  separators=(",", ":")))
+    monkeypatch.setattr(kineto_json, "SLICE_BYTES", 256)
+    data = json.loads(GOLDEN_FILES[0].read_text())
+    expected, _ = read_kineto(GOLDEN_FILES[0], run="r")
+    compact = tmp_path / GOLDEN_FILES[0].name  # its name says the host
+    compact.write_text(json.dumps(data, separators=(",", ":")))
+    slices = list(kineto_json.StreamedTrace(compact).slices())
+    assert len(slices) > 1
+    assert sum(len(s) for s in slices) == len(data["traceEvents"])
+    pd.testing.assert_frame_equal(read_kineto(compact, run="r")[0], expected)
+    for event in data["traceEvents"]:  # a "},{" in every kernel's name
+        if event.get("cat") == "kernel":
+            event["name"] += "<{lambda()#1},{lambda()#2}>"
+    (tmp_path / "tricky").mkdir()
+    tricky = tmp_path / "tricky" / GOLDEN_FILES[0].name
+    tricky.write_text(json.dumps(data, separators=(",", ":")))
     with pytest.raises(kineto_json.SliceLayoutError):
-        list(kineto_json.StreamedTrace(compact).slices())
-    df, _ = read_kineto(compact)
-    assert len(df) == 5
+        list(kineto_json.StreamedTrace(tricky).slices())
+    assert len(read_kineto(tricky, run="r")[0]) == len(expected)
 
 
 def test_a_trace_of_mostly_unusable_kernels_is_refused_unless_accepted(tmp_path):

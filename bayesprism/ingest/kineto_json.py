@@ -1,10 +1,12 @@
 """Decoding of PyTorch profiler (Kineto) trace JSON: what :mod:`bayesprism.ingest.kineto` reads.
 
 ``msgspec`` decodes against a schema of only the fields read, so the rest of each event (most of
-a trace) is skipped without building Python objects. A file in the profiler's own layout is
-read and decoded in slices of about 1 MB cut between two events (:class:`StreamedTrace`); any
-other file is decoded in one piece (:func:`load_trace`), JSON with ``NaN`` literals (written by
-Python's ``json``, not valid JSON) through the standard library.
+a trace) is skipped without building Python objects. A file whose events are separated the
+same way throughout (the profiler's layout, one event per line, compact JSON) is read and
+decoded in slices of about 1 MB cut between two events (:class:`StreamedTrace`); any other
+file, or one where a cut would fall inside a string, is decoded in one piece
+(:func:`load_trace`), JSON with ``NaN`` literals (written by Python's ``json``, not valid JSON)
+through the standard library.
 
 Memory bound: :func:`scan_events` reduces each slice to compact columns (:class:`ScannedEvents`,
 ~70 bytes per GPU activity, 16 per launch) before the next slice is read, so a streamed file
@@ -87,14 +89,13 @@ class _TraceFull(_Metadata, gc=False):
 _HEADER_DECODER = msgspec.json.Decoder(_TraceHeader)
 _EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
 #: The event array: opened by ARRAY_START, events separated by a boundary, closed by an end.
-#: The profiler writes EVENT_BOUNDARY ("  }," and "  {" on lines of their own) and ARRAY_END;
-#: other writers (one event per line, other indents) use the first separator the array shows
+#: The profiler writes EVENT_BOUNDARY ("  }," and "  {" on lines of their own); other writers
+#: (one event per line, other indents, compact JSON) use the first separator the array shows
 #: (BOUNDARY_PATTERN), kept for the whole file. A raw newline never occurs inside a JSON string,
 #: so a boundary with one can only be structure; any other false cut (a "},{" inside a
-#: string) fails to decode and the file is read whole.
-ARRAY_START = b'"traceEvents": ['
+#: string, as in a C++ kernel name) fails to decode and the file is read whole.
+ARRAY_START = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
 EVENT_BOUNDARY = b"\n  },\n  {"
-ARRAY_END = b"\n  }\n  ]"
 BOUNDARY_PATTERN = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
 END_PATTERN = re.compile(rb"\}[ \t\r\n]*\]")
 SLICE_BYTES = 1 << 20
@@ -169,11 +170,20 @@ def load_trace(path: Path, limits: DecompressionLimits | None = None
     return header, events
 
 
+def _boundary_of(buf: bytearray, pos: int) -> bytes | None:
+    """The separator between two events in ``buf`` after ``pos``: the profiler's, else the
+    first the array shows; None while it shows none."""
+    if buf.find(EVENT_BOUNDARY, pos) >= 0:
+        return EVENT_BOUNDARY
+    found = BOUNDARY_PATTERN.search(buf, pos)
+    return None if found is None else bytes(found.group(0))
+
+
 class StreamedTrace:
     """Decode a trace file slice by slice while reading it, in the profiler's own layout.
 
     The profiler writes ``"traceEvents": [`` and then one event per block, blocks separated by
-    ``EVENT_BOUNDARY`` and the array closed by ``ARRAY_END``. The file (gzip or not) is read in
+    ``EVENT_BOUNDARY`` (other writers: ``BOUNDARY_PATTERN``). The file (gzip or not) is read in
     blocks of about 1 MB; each run of whole events is decoded as one list, so memory holds one
     slice of raw JSON and its events, whatever the file size. The keys around the array are
     decoded at the end (``metadata``). Anything unexpected raises :class:`SliceLayoutError`,
@@ -200,19 +210,18 @@ class StreamedTrace:
             fh = igzip.IGzipFile(fileobj=ShortReads(raw_fh)) if gz else raw_fh
             buf = bytearray(fh.read(SLICE_BYTES))
             read = len(buf)  # decompressed bytes so far, checked against the limits per block
-            key = buf.find(ARRAY_START)
-            if key < 0:
+            key = ARRAY_START.search(buf)
+            if key is None:
                 raise SliceLayoutError
-            prefix = bytes(buf[:key + len(ARRAY_START) - 1])  # up to '"traceEvents": '
+            prefix = bytes(buf[:key.end() - 1])  # up to '"traceEvents": '
             # pos: the byte before the next event ("[" or ","). Each slice is decoded in place
             # as a JSON list by writing "[" there and "]" over the byte after its last event.
-            pos = key + len(ARRAY_START) - 1
-            boundary = EVENT_BOUNDARY
-            if buf.find(boundary, pos) < 0 and (found := BOUNDARY_PATTERN.search(buf, pos)):
-                boundary = bytes(found.group(0))
-            comma = boundary.index(b",")  # from a boundary's start to its comma
+            pos = key.end() - 1
+            boundary = None  # the file's separator, once the array shows one
             while True:
-                cut = buf.rfind(boundary, pos)
+                if boundary is None:
+                    boundary = _boundary_of(buf, pos)
+                cut = buf.rfind(boundary, pos) if boundary else -1
                 # The array ends after its last event, so only the tail needs searching.
                 last = END_PATTERN.search(buf, max(pos, cut))
                 if last is not None:
@@ -229,8 +238,9 @@ class StreamedTrace:
                     self.metadata = _HEADER_DECODER.decode(prefix + b"[]" + trailer)
                     return
                 if cut > pos:
-                    yield self._decode(buf, pos, cut + comma)
-                    pos = cut + comma  # the "," before the next event
+                    comma = cut + boundary.index(b",")
+                    yield self._decode(buf, pos, comma)
+                    pos = comma  # the "," before the next event
                 if len(buf) - pos > MAX_EVENT_BYTES:
                     raise SliceLayoutError  # no event boundary in sight: read it whole
                 block = fh.read(SLICE_BYTES)
