@@ -228,12 +228,16 @@ def check_artifact(tree: xr.DataTree, source: str = "artifact", expect: str | No
 def _check_fit_record(tree: xr.DataTree, source: str, spec: ModelSpec | None) -> None:
     """Check the posterior group's record of the model against the root attrs and the spec.
 
-    Its kind and its likelihood: an edited one would be used without a word otherwise.
+    Its kind, its likelihood and its populations: an edited one would be used without a word
+    otherwise.
     """
     record = tree["posterior"].attrs
     expected = {"model_kind": tree.attrs.get("model_kind", "kernel")}
     if spec is not None:
         expected["likelihood"] = spec.likelihood
+        if expected["model_kind"] == "kernel":
+            expected.update({f"{level}_population": spec.population(level)
+                             for level in ("node", "gpu", "gpustep")})
     for key, value in expected.items():
         if key in record and str(record[key]) != str(value):
             raise ArtifactError(Problem(source, f"posterior.{key}",

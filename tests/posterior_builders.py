@@ -39,12 +39,15 @@ LEVELS = ("node", "gpu", "step", "gpustep", "resid")
 TIERS = ("intra", "inter")
 
 
-def spec_attrs() -> dict[str, str]:
-    """``spec`` and ``spec_hash`` root attrs of the default spec (``bayesprism.io.load`` checks
-    that the spec hashes to the recorded hash)."""
+def spec_attrs(**fields) -> dict[str, str]:
+    """``spec`` and ``spec_hash`` root attrs of the default spec with ``fields`` changed
+    (``bayesprism.io.load`` checks that the spec hashes to the recorded hash, and that the
+    posterior group's populations are the spec's)."""
+    import dataclasses
+
     from bayesprism.spec import ModelSpec
 
-    spec = ModelSpec.default()
+    spec = dataclasses.replace(ModelSpec.default(), **fields)
     return {"spec": json.dumps(spec.to_dict()), "spec_hash": spec.spec_hash()}
 
 
@@ -251,6 +254,8 @@ def kernel_posterior(
     )
     # A real fit keeps the model attrs on the posterior group only (bayesprism.inference).
     root = _root_attrs(draws=draws, chains=chains, seed=seed,
+                       **spec_attrs(node_population=node_population,
+                                    gpu_population=gpu_population),
                        **({} if model_attrs_on_posterior else model_attrs))
     return xr.DataTree.from_dict({"/": xr.Dataset(attrs=root), "posterior": posterior,
                                   "inventory": inventory})
@@ -483,7 +488,7 @@ def truth_posterior(
         step_time_us=np.einsum("k,kgs->sg", launches_per_step, cell_us), step_units=TRUTH_STEPS,
     )
     attrs = _root_attrs(draws=draws, chains=chains, seed=seed, input_digest="f" * 16,
-                        seconds=1.0, tune=draws)
+                        seconds=1.0, tune=draws, **spec_attrs(gpu_population="normal"))
     return xr.DataTree.from_dict({"/": xr.Dataset(attrs=attrs), "posterior": posterior,
                                   "sample_stats": sample_stats, "constant_data": constant,
                                   "inventory": inventory})

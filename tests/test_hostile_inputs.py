@@ -461,9 +461,11 @@ def test_tampered_posteriors_are_refused(tmp_path, capsys, artifacts, root, inve
 @pytest.mark.parametrize(("posterior", "names"), [
     ({"likelihood": "student_t"}, ("posterior.likelihood", "'lognormal'", "student_t")),
     ({"model_kind": "step"}, ("posterior.model_kind", "'kernel'", "step")),
-], ids=["likelihood", "model-kind"])
+    ({"node_population": "degraded"}, ("posterior.node_population", "'normal'", "degraded")),
+], ids=["likelihood", "model-kind", "node-population"])
 def test_edited_fit_record_is_refused(tmp_path, capsys, artifacts, posterior, names):
-    """Issue 21: the posterior group's likelihood (or kind), edited, was used without a word."""
+    """Issue 21: the posterior group's likelihood (kind, population), edited, was used without
+    a word."""
     path = tampered(tmp_path, artifacts["post"], "bad.nc", posterior=posterior)
     refused(capsys, "forecast", path, names=(str(path), *names))
 
