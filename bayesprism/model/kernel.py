@@ -1140,7 +1140,7 @@ def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]
     coll_of_cell, group = d["coll_cell_scale"], d["coll_cell_group"]
     n_coll = int(coll_of_cell.max()) + 1  # noise scales, one per collective+source
     n_groups = int(group.max()) + 1
-    n_cong = int(d["coll_cell_congestion"].max()) + 1  # congestion scales: tiers, benchmarks
+    n_cong = int(d["coll_cell_congestion"].max()) + 1  # congestion scales: pairs, benchmarks
     cong_of_group = np.zeros(n_groups, dtype=np.int64)
     cong_of_group[group] = d["coll_cell_congestion"]
     log_steps = np.log(d["coll_pair_latency_steps"])
