@@ -336,20 +336,38 @@ def _stage_details(rows: pd.DataFrame, frame: pd.DataFrame, kernels: list[str],
     return share, by_stage, stages
 
 
-def _union_length(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> float:
-    """Length of the union of the intervals [starts, ends) clipped to [lo, hi)."""
-    starts, ends = np.clip(starts, lo, hi), np.clip(ends, lo, hi)
+def _covered_lengths(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray
+                     ) -> np.ndarray:
+    """Length of the union of the intervals [starts, ends) inside each window [lo, hi).
+
+    The union is merged once into disjoint runs; the length covered up to ``x`` is then a
+    lookup (the runs before it plus the part of its own), so every window costs a binary
+    search, not a pass over the intervals.
+
+    Examples
+    --------
+    >>> _covered_lengths(np.array([0.0, 1.0, 5.0]), np.array([2.0, 3.0, 6.0]),
+    ...                  np.array([0.0, 2.5]), np.array([10.0, 5.5])).tolist()
+    [4.0, 1.0]
+    """
     keep = ends > starts
     starts, ends = starts[keep], ends[keep]
     if not starts.size:
-        return 0.0
+        return np.zeros(np.shape(lo))
     order = np.argsort(starts, kind="stable")
     starts, ends = starts[order], np.maximum.accumulate(ends[order])
     # a new run of overlapping intervals starts where an interval begins after all earlier end
     fresh = np.r_[True, starts[1:] > ends[:-1]]
     run_start = starts[fresh]
     run_end = np.r_[ends[np.flatnonzero(fresh)[1:] - 1], ends[-1]]
-    return float((run_end - run_start).sum())
+    before = np.r_[0.0, np.cumsum(run_end - run_start)[:-1]]
+
+    def covered_upto(x: np.ndarray) -> np.ndarray:
+        i = np.maximum(np.searchsorted(run_start, x, side="right") - 1, 0)
+        inside = np.clip(x - run_start[i], 0.0, run_end[i] - run_start[i])
+        return np.where(x > run_start[0], before[i] + inside, 0.0)
+
+    return np.maximum(covered_upto(hi) - covered_upto(lo), 0.0)
 
 
 def _sync_idle(rows: pd.DataFrame, frame: pd.DataFrame, step_units: list, ranks: list,
@@ -398,8 +416,10 @@ def _sync_idle(rows: pd.DataFrame, frame: pd.DataFrame, step_units: list, ranks:
         lo = np.r_[node_start[ix[0]], end[coll]]
         hi = np.r_[start[coll], end[ix].max()]
         key = (unit_ix[unit], rank_ix[int(rank)])
-        segments[key] = [max(0.0, (b - a) - _union_length(start[comp], end[comp], a, b))
-                         if b > a else 0.0 for a, b in zip(lo, hi, strict=True)]
+        length = hi - lo
+        segments[key] = np.where(
+            length > 0, np.maximum(length - _covered_lengths(start[comp], end[comp], lo, hi),
+                                   0.0), 0.0).tolist()
         seg_roles[key] = [role_of[names[k]] for k in coll]
     if not segments:
         return (np.full((len(step_units), len(ranks), 1), np.nan),
