@@ -148,6 +148,7 @@ def test_covered_lengths_match_a_brute_force_union():
     hi = lo + rng.uniform(-2, 30, 40).round(1)  # some windows empty (hi <= lo)
     grid = np.arange(-10, 140, 0.05) + 0.025  # cell centres, 0.05 wide
     covered = ((grid[:, None] >= starts) & (grid[:, None] < ends)).any(axis=1)
-    expected = [0.05 * (covered & (grid >= a) & (grid < b)).sum() for a, b in zip(lo, hi)]
+    expected = [0.05 * (covered & (grid >= a) & (grid < b)).sum()
+                for a, b in zip(lo, hi, strict=True)]
     np.testing.assert_allclose(_covered_lengths(starts, ends, lo, hi), expected, atol=1e-9)
     assert _covered_lengths(starts[:0], ends[:0], lo, hi).tolist() == [0.0] * 40
