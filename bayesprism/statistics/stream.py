@@ -1,0 +1,207 @@
+"""Trace files → statistics without the trace table: what ``ingest --statistics`` runs.
+
+The statistics of 10^4 rank files (10^8+ kernel launches) must not need the table in memory.
+Each file is reduced where it is read (:func:`file_statistics`: a worker process of the
+embedded engine, or a Dask worker, :mod:`bayesprism.ingest.distributed`):
+
+* its compute rows to **kernel cells** keyed by the launch's place key
+  (:func:`bayesprism.model.statistics.batch_statistics`): the kernel signatures are decided
+  across all files at the end (:mod:`bayesprism.ingest.signatures`), and a signature is a set
+  of place keys of one name, so cells of place keys are renamed and merged then
+  (:func:`bayesprism.model.statistics.merge_statistics`: counts added, means and squared
+  deviations pooled exactly);
+* all its rows to an :class:`~bayesprism.inventory.InventoryPart` (launches per kernel and
+  rank, spans, idle time before synchronisations), finished at the end the same way;
+* its collective rows come back as rows: the wait/transfer split needs every participant's
+  rows (:mod:`bayesprism.ingest.waits`). They are split, named and reduced at the end.
+
+Both reductions are :class:`~bayesprism.ingest.summary.Accumulator` values, which the Dask
+engine merges by its tree reduction on the cluster: the client receives the collective rows
+and one merged :class:`StatisticsPart`, never a compute row. In-memory tables go through the
+same reduction as one batch (:func:`bayesprism.statistics.statistics_of`).
+
+Every kernel cell is one GPU's, and a GPU's launches are in its rank's file, so cells are
+never merged across files: the statistics equal those of the whole table but for the order
+in which a signature's place keys are summed (relative differences of 1e-16), and the same on
+both engines, bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pandas as pd
+
+from bayesprism.errors import InputError, Problem
+from bayesprism.ingest import dispatch
+from bayesprism.ingest.distributed import ingest_engine
+from bayesprism.ingest.layout import check_layout
+from bayesprism.ingest.read import concat_frames
+from bayesprism.ingest.signatures import apply_signatures
+from bayesprism.ingest.summary import Accumulator
+from bayesprism.inventory import InventoryPart, is_step_table
+from bayesprism.model.statistics import ModelStatistics, batch_statistics
+from bayesprism.schema import ALL_COLUMNS, signature_as_kernel, validate_table
+
+#: Columns of the kernel cells of one file kept as categories (one label per distinct value).
+_LABEL_COLUMNS = ("run", "node", "kernel", "kernel_class")
+
+
+class StatisticsPart(Accumulator):
+    """The statistics of some files or tables: kernel cells (one batch each) and the inventory.
+
+    Examples
+    --------
+    >>> table = pd.DataFrame({"run": ["r"] * 2, "step": [0, 1], "node": ["n0"] * 2,
+    ...                       "gpu": [0, 0], "rank": [0, 0], "kernel": ["k"] * 2,
+    ...                       "kernel_class": ["gemm"] * 2, "duration_us": [1.0, 2.0]})
+    >>> part = StatisticsPart.of(table.iloc[:1])
+    >>> part.merge(StatisticsPart.of(table.iloc[1:]))
+    >>> len(part.cells)
+    2
+    """
+
+    def __init__(self) -> None:
+        self.cells: list[ModelStatistics] = []
+        self.inventory = InventoryPart()
+
+    def merge(self, other: StatisticsPart) -> None:
+        """Add a later file's (or table's) statistics."""
+        self.cells.extend(other.cells)
+        self.inventory.merge(other.inventory)
+
+    @classmethod
+    def of(cls, table: pd.DataFrame) -> StatisticsPart:
+        """The statistics of a whole trace table (collectives already split), kernels named
+        by their signatures (:func:`~bayesprism.schema.signature_as_kernel`)."""
+        table = signature_as_kernel(table)
+        part = cls()
+        part.inventory = InventoryPart.of(table)
+        part.cells.append(batch_statistics(table))
+        return part
+
+
+def file_statistics(df: pd.DataFrame) -> tuple[pd.DataFrame | None, StatisticsPart]:
+    """One file's collective rows (None without any) and the statistics of all its rows,
+    where the file is read (the ``finish`` of :func:`bayesprism.ingest.dispatch.read_file`).
+
+    Raises
+    ------
+    InputError
+        Step-level logs (they have no kernel cells; fitted from the logs themselves): the
+        file is then reported as a bad file with this reason.
+
+    Examples
+    --------
+    >>> table = pd.DataFrame({"run": ["r"], "step": [0], "node": ["n0"], "gpu": [0],
+    ...                       "rank": [0], "kernel": ["k"], "kernel_class": ["gemm"],
+    ...                       "duration_us": [1.0], "start_us": [0.0]})
+    >>> rows, part = file_statistics(table)
+    >>> rows is None, int(part.cells[0].kernel_cells["n"].sum())
+    (True, 1)
+    """
+    if "kernel_class" in df and is_step_table(df):
+        sources = [f for meta in (df.attrs.get("runs") or {}).values()
+                   for f in (meta or {}).get("source_files") or []]
+        raise InputError(Problem(
+            sources[0] if sources else "statistics", "kernel_class",
+            "step-level logs have no kernel cells to summarise: fit the logs themselves "
+            "(--spec step)", example="step"))
+    coll = dispatch.collective_mask(df)
+    named = signature_as_kernel(df)
+    part = StatisticsPart()
+    part.inventory = InventoryPart.of(named)
+    if not coll.all():
+        part.cells.append(_compact(batch_statistics(named.loc[~coll])))
+    return (df.loc[coll] if coll.any() else None), part
+
+
+def _compact(stats: ModelStatistics) -> ModelStatistics:
+    """A file's kernel cells with their labels as categories: a place key of 100-odd
+    characters is held once per file, not once per cell."""
+    cells = stats.kernel_cells.astype({c: "category" for c in _LABEL_COLUMNS})
+    return ModelStatistics(cells, stats.collective_cells, stats.node_cabinets,
+                           stats.benchmark_runs)
+
+
+def stream_statistics(paths, *, gpus_per_node: int | None = None,
+                      column_map: dict | None = None, layout: Mapping | None = None,
+                      progress: bool = True, engine: str = "embedded", client=None,
+                      strict: bool | None = None) -> tuple[StatisticsPart, dict, dict]:
+    """Read trace files into their statistics, file by file (module docstring).
+
+    Parameters
+    ----------
+    paths, gpus_per_node, column_map, layout, progress, engine, client, strict
+        As in :func:`bayesprism.ingest.read_traces`.
+
+    Returns
+    -------
+    (part, signatures, attrs)
+        The statistics (kernels as place keys where the files have them), the place key →
+        signature map, and the run metadata (``runs``, ``skipped``, ``notes``) that
+        :func:`~bayesprism.ingest.read_traces` would give the table.
+
+    Raises
+    ------
+    TraceFormatError
+        Listing every problem in every file.
+
+    Examples
+    --------
+    >>> part, signatures, attrs = stream_statistics(["traces/"])  # doctest: +SKIP
+    """
+    files, problems = dispatch.expand_paths(paths)
+    collector = dispatch.IngestCollector(problems=list(problems))
+    options = dispatch.reader_options(gpus_per_node, None, column_map, check_layout(layout))
+    part = StatisticsPart()
+    collectives: list[pd.DataFrame] = []
+    read_any = False
+    with ingest_engine(engine, client=client, progress=progress) as reads:
+        for rows, file_part in dispatch.iter_frames(
+                files, options, collector, progress and reads is None,
+                finish=file_statistics, read=reads,
+                strict=dispatch.resolve_strict(strict, reads)):
+            read_any = True
+            part.merge(file_part)
+            if rows is not None:
+                collectives.append(rows)
+        if reads is not None:  # the statistics reduced on the cluster
+            reads.add_totals(collector, part)
+    signatures = collector.finish()
+    dispatch.raise_problems(collector, read_any)
+    if collectives:
+        table = _collective_table(collectives, collector, signatures)
+        part.cells.append(batch_statistics(signature_as_kernel(table),
+                                           gpus_per_node=_gpus_per_run(part)))
+    return part, signatures, collector.attrs
+
+
+def _collective_table(frames: list[pd.DataFrame], collector: dispatch.IngestCollector,
+                      signatures: dict[str, str]) -> pd.DataFrame:
+    """The collective rows of every file as one table, named by their signatures, with
+    their durations split into waiting and transfer (as :func:`read_traces` splits them)."""
+    columns = [c for c in ALL_COLUMNS if any(c in f.columns for f in frames)]
+    table = concat_frames(frames, columns)
+    if signatures and "signature" in table:
+        table["signature"] = apply_signatures(table["signature"], signatures)
+    table["wait_us"], table["transfer_us"] = dispatch.split_collectives(table, collector)
+    table = validate_table(table, source="collective rows")
+    table.attrs = collector.attrs
+    return table
+
+
+def _gpus_per_run(part: StatisticsPart) -> dict[str, float]:
+    """GPUs per node of each run, as the whole table says it without run metadata (largest
+    local index + 1 over all rows; the collective rows alone may miss a GPU)."""
+    gpus: dict[str, float] = {}
+    for stats in part.cells:
+        cells = stats.kernel_cells
+        if len(cells):
+            top = cells.groupby(cells["run"].astype(str), observed=True)["gpu"].max()
+            for run, gpu in top.items():
+                gpus[run] = max(gpus.get(run, 0.0), float(gpu) + 1)
+    return gpus
+
+
+__all__ = ["StatisticsPart", "file_statistics", "stream_statistics"]
