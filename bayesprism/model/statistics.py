@@ -399,9 +399,7 @@ def _collective_cells(tables, glob, usable, tier, nodes, run, step, cls) -> pd.D
     """Cells of the usable collectives' log transfer times (module docstring)."""
     idx = np.flatnonzero(usable)
     if not idx.size:
-        return pd.DataFrame({c: [] for c in COLLECTIVE_CELL_COLUMNS}).astype({
-            "tier": np.int64, "group_size": float, "nodes": np.int64, "bytes": float,
-            "step": np.int64, "n": np.int64, "mean_log": float, "ss_log": float})
+        return empty_collective_cells()
     log_transfer = np.log(_numeric(tables, "transfer_us")[idx])
     nbytes, group = _numeric(tables, "bytes")[idx], _numeric(tables, "group_size")[idx]
     algorithms = ("ring", *coll.LOG_ALGORITHMS)
@@ -499,7 +497,9 @@ _LABELS = ("run", "node", "kernel", "kernel_class", "collective", "algorithm")
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    """The frames' rows (empty frames left out: they would change pandas' column types)."""
+    full = [f for f in frames if len(f)] or frames[:1]
+    return full[0] if len(full) == 1 else pd.concat(full, ignore_index=True)
 
 
 def _labels(series: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -558,6 +558,19 @@ def _merged(cells: pd.DataFrame, keys: Sequence[str]) -> tuple[pd.DataFrame, np.
     return out, cell_of
 
 
+def empty_collective_cells() -> pd.DataFrame:
+    """No collective cells, with the columns and types of some.
+
+    Examples
+    --------
+    >>> empty_collective_cells()["n"].dtype
+    dtype('int64')
+    """
+    return pd.DataFrame({c: [] for c in COLLECTIVE_CELL_COLUMNS}).astype({
+        "tier": np.int64, "group_size": float, "nodes": np.int64, "bytes": float,
+        "step": np.int64, "n": np.int64, "mean_log": float, "ss_log": float})
+
+
 def _node_cabinets(tables: Sequence[pd.DataFrame]) -> tuple[tuple[str, str], ...] | None:
     """Distinct (node, cabinet) pairs, None when no table has a cabinet column."""
     pairs = [t[["node", "cabinet"]].dropna().astype(str).drop_duplicates()
@@ -570,4 +583,5 @@ def _node_cabinets(tables: Sequence[pd.DataFrame]) -> tuple[tuple[str, str], ...
 
 __all__ = ["COLLECTIVE_CELL_COLUMNS", "COLLECTIVE_KEYS", "FIXED_GROUP_ROLES",
            "KERNEL_CELL_COLUMNS", "KERNEL_KEYS", "ModelStatistics", "batch_statistics",
-           "check_tables", "merge_statistics", "table_statistics"]
+           "check_tables", "empty_collective_cells", "merge_statistics",
+           "table_statistics"]

@@ -28,7 +28,10 @@ both engines, bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import pandas as pd
 
@@ -40,11 +43,18 @@ from bayesprism.ingest.read import concat_frames
 from bayesprism.ingest.signatures import apply_signatures
 from bayesprism.ingest.summary import Accumulator
 from bayesprism.inventory import InventoryPart, is_step_table
-from bayesprism.model.statistics import ModelStatistics, batch_statistics
+from bayesprism.model.statistics import (
+    ModelStatistics,
+    batch_statistics,
+    empty_collective_cells,
+    merge_statistics,
+)
 from bayesprism.schema import ALL_COLUMNS, signature_as_kernel, validate_table
 
 #: Columns of the kernel cells of one file kept as categories (one label per distinct value).
 _LABEL_COLUMNS = ("run", "node", "kernel", "kernel_class")
+#: No collective cells (those of the files' kernel cells, which hold no collective rows).
+_NO_CELLS = empty_collective_cells()
 
 
 class StatisticsPart(Accumulator):
@@ -81,9 +91,18 @@ class StatisticsPart(Accumulator):
         return part
 
 
-def file_statistics(df: pd.DataFrame) -> tuple[pd.DataFrame | None, StatisticsPart]:
-    """One file's collective rows (None without any) and the statistics of all its rows,
-    where the file is read (the ``finish`` of :func:`bayesprism.ingest.dispatch.read_file`).
+def file_statistics(df: pd.DataFrame) -> tuple:
+    """What the client takes of one file, computed where the file is read (the ``finish`` of
+    :func:`bayesprism.ingest.dispatch.read_file`).
+
+    Returns
+    -------
+    (collective rows, kernel cells, launch counts, part)
+        The file's collective rows (None without any); the kernel cells of its other rows,
+        by place key (None without any); the inventory's launches per kernel and rank; and
+        a :class:`StatisticsPart` with the rest of its inventory, merged with the other files'
+        on the cluster. Cells and launch counts grow with the files' place keys, so the
+        client writes them to disk as they come (:class:`SideFile`) instead of holding them.
 
     Raises
     ------
@@ -96,9 +115,9 @@ def file_statistics(df: pd.DataFrame) -> tuple[pd.DataFrame | None, StatisticsPa
     >>> table = pd.DataFrame({"run": ["r"], "step": [0], "node": ["n0"], "gpu": [0],
     ...                       "rank": [0], "kernel": ["k"], "kernel_class": ["gemm"],
     ...                       "duration_us": [1.0], "start_us": [0.0]})
-    >>> rows, part = file_statistics(table)
-    >>> rows is None, int(part.cells[0].kernel_cells["n"].sum())
-    (True, 1)
+    >>> rows, cells, launches, part = file_statistics(table)
+    >>> rows is None, int(cells["n"].sum()), launches["n"].tolist()
+    (True, 1, [1])
     """
     if "kernel_class" in df and is_step_table(df):
         sources = [f for meta in (df.attrs.get("runs") or {}).values()
@@ -111,29 +130,76 @@ def file_statistics(df: pd.DataFrame) -> tuple[pd.DataFrame | None, StatisticsPa
     named = signature_as_kernel(df)
     part = StatisticsPart()
     part.inventory = InventoryPart.of(named)
-    if not coll.all():
-        part.cells.append(_compact(batch_statistics(named.loc[~coll])))
-    return (df.loc[coll] if coll.any() else None), part
+    launches = part.inventory.frame("launches")
+    part.inventory.frames["launches"] = []
+    cells = None if coll.all() else _compact(batch_statistics(named.loc[~coll]).kernel_cells)
+    return (df.loc[coll] if coll.any() else None), cells, launches, part
 
 
-def _compact(stats: ModelStatistics) -> ModelStatistics:
+def _compact(cells: pd.DataFrame) -> pd.DataFrame:
     """A file's kernel cells with their labels as categories: a place key of 100-odd
     characters is held once per file, not once per cell."""
-    cells = stats.kernel_cells.astype({c: "category" for c in _LABEL_COLUMNS})
-    return ModelStatistics(cells, stats.collective_cells, stats.node_cabinets,
-                           stats.benchmark_runs)
+    return cells.astype({c: "category" for c in _LABEL_COLUMNS})
+
+
+class SideFile:
+    """Frames written to a Parquet file as they come, one row group each, and read back one
+    at a time: what grows with the number of files stays on disk until it is reduced.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> side = SideFile(pathlib.Path(tempfile.mkdtemp()) / "cells.parquet")
+    >>> side.write(pd.DataFrame({"k": pd.Categorical(["a"]), "n": [1]}))
+    >>> side.write(pd.DataFrame({"k": pd.Categorical(["b", "c"]), "n": [2, 3]}))
+    >>> [len(frame) for frame in side.frames()]
+    [1, 2]
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._writer = None
+        self._schema = None
+
+    def write(self, frame: pd.DataFrame) -> None:
+        """Append one frame (its categories written as strings: the same schema for all)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)
+        if self._writer is None:
+            self._schema = pa.schema([
+                pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
+                for f in table.schema])
+            self._writer = pq.ParquetWriter(self.path, self._schema)
+        self._writer.write_table(table.cast(self._schema), row_group_size=max(len(frame), 1))
+
+    def frames(self) -> Iterator[pd.DataFrame]:
+        """The frames written, in order (after closing the writer)."""
+        import pyarrow.parquet as pq
+
+        if self._writer is None:
+            return
+        self._writer.close()
+        found = pq.ParquetFile(self.path)
+        for i in range(found.num_row_groups):
+            yield found.read_row_group(i).to_pandas()
 
 
 def stream_statistics(paths, *, gpus_per_node: int | None = None,
                       column_map: dict | None = None, layout: Mapping | None = None,
                       progress: bool = True, engine: str = "embedded", client=None,
-                      strict: bool | None = None) -> tuple[StatisticsPart, dict, dict]:
+                      strict: bool | None = None, spill_dir: str | os.PathLike | None = None
+                      ) -> tuple[StatisticsPart, dict, dict]:
     """Read trace files into their statistics, file by file (module docstring).
 
     Parameters
     ----------
     paths, gpus_per_node, column_map, layout, progress, engine, client, strict
         As in :func:`bayesprism.ingest.read_traces`.
+    spill_dir
+        Where the files' kernel cells and launch counts wait, on disk, for the kernel
+        signatures (a temporary folder in it, removed on return; default: the system's).
 
     Returns
     -------
@@ -157,24 +223,46 @@ def stream_statistics(paths, *, gpus_per_node: int | None = None,
     part = StatisticsPart()
     collectives: list[pd.DataFrame] = []
     read_any = False
-    with ingest_engine(engine, client=client, progress=progress) as reads:
-        for rows, file_part in dispatch.iter_frames(
+    with tempfile.TemporaryDirectory(prefix="bayesprism-statistics-", dir=spill_dir) as tmp, \
+            ingest_engine(engine, client=client, progress=progress) as reads:
+        cells, launches = SideFile(Path(tmp) / "cells.parquet"), SideFile(
+            Path(tmp) / "launches.parquet")
+        for rows, file_cells, file_launches, file_part in dispatch.iter_frames(
                 files, options, collector, progress and reads is None,
                 finish=file_statistics, read=reads,
                 strict=dispatch.resolve_strict(strict, reads)):
             read_any = True
             part.merge(file_part)
+            for side, frame in ((cells, file_cells), (launches, file_launches)):
+                if frame is not None and len(frame):
+                    side.write(frame)
             if rows is not None:
                 collectives.append(rows)
-        if reads is not None:  # the statistics reduced on the cluster
+        if reads is not None:  # the inventory and place keys reduced on the cluster
             reads.add_totals(collector, part)
-    signatures = collector.finish()
-    dispatch.raise_problems(collector, read_any)
+        signatures = collector.finish()
+        dispatch.raise_problems(collector, read_any)
+        # file by file, place keys renamed by signatures and their cells merged: what stays
+        # in memory is the job's signature cells and launch counts
+        for frame in cells.frames():
+            part.cells.append(merge_statistics([ModelStatistics(frame, _NO_CELLS)],
+                                               kernels=signatures))
+        for frame in launches.frames():
+            part.inventory.frames["launches"].append(_renamed_launches(frame, signatures))
     if collectives:
         table = _collective_table(collectives, collector, signatures)
         part.cells.append(batch_statistics(signature_as_kernel(table),
                                            gpus_per_node=_gpus_per_run(part)))
     return part, signatures, collector.attrs
+
+
+def _renamed_launches(launches: pd.DataFrame, signatures: dict[str, str]) -> pd.DataFrame:
+    """A file's launch counts by kernel signature, not place key."""
+    if not signatures:
+        return launches
+    named = launches.assign(kernel=launches["kernel"].map(lambda k: signatures.get(k, k)))
+    return named.groupby(["run", "kernel", "kernel_class", "rank"], sort=True)[
+        ["n", "tail_n"]].sum().reset_index()
 
 
 def _collective_table(frames: list[pd.DataFrame], collector: dispatch.IngestCollector,
