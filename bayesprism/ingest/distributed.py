@@ -18,9 +18,12 @@ runs the embedded engine's per-file work on a Dask cluster, and nothing else cha
   :func:`bayesprism.ingest.dispatch.iter_frames` checks each file against the others of its
   run and the caller writes them (:func:`~bayesprism.ingest.parquet.ingest_to_parquet`) or
   joins them (:func:`~bayesprism.ingest.read.read_traces`) as the embedded engine does. For
-  statistics (:func:`bayesprism.statistics.ingest_statistics`) only the collective rows come
-  back (the wait/transfer split needs every participant's rows): the compute rows are reduced
-  on the workers to kernel cells, which the tree reduction merges.
+  statistics (:func:`bayesprism.statistics.ingest_statistics`,
+  :mod:`bayesprism.statistics.stream`) the compute rows never come back: the workers reduce
+  them to kernel cells by place key, which come back file by file (cells of different GPUs
+  never merge, so a tree would only gather them) and wait on the client's disk for the kernel
+  signatures; only the collective rows come back as rows (the wait/transfer split needs every
+  participant's), and the inventory is merged by the tree reduction.
 
 So the table is the embedded engine's, row for row. The statistics are the same sums added in
 another order: counts are equal, and floating-point sums equal to the last bit or two (bit for

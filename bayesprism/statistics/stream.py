@@ -15,15 +15,20 @@ embedded engine, or a Dask worker, :mod:`bayesprism.ingest.distributed`):
 * its collective rows come back as rows: the wait/transfer split needs every participant's
   rows (:mod:`bayesprism.ingest.waits`). They are split, named and reduced at the end.
 
-Both reductions are :class:`~bayesprism.ingest.summary.Accumulator` values, which the Dask
-engine merges by its tree reduction on the cluster: the client receives the collective rows
-and one merged :class:`StatisticsPart`, never a compute row. In-memory tables go through the
-same reduction as one batch (:func:`bayesprism.statistics.statistics_of`).
+A place key launches about once per micro-batch, so a file's cells and launch counts are a
+fraction of its rows but still grow with the files: the client writes them to a Parquet side
+file as they come (:class:`SideFile`, one row group per file) and, once the signatures are
+known, reads them back one file at a time, renamed and merged into signature cells. The rest
+of the inventory is a :class:`StatisticsPart` (an :class:`~bayesprism.ingest.summary.
+Accumulator`), merged by the Dask engine's tree reduction on the cluster. So the client holds
+the collective rows, the job's signature cells and one file's cells: never a compute row. In-
+memory tables go through the same reduction as one batch
+(:func:`bayesprism.statistics.statistics_of`).
 
 Every kernel cell is one GPU's, and a GPU's launches are in its rank's file, so cells are
 never merged across files: the statistics equal those of the whole table but for the order
-in which a signature's place keys are summed (relative differences of 1e-16), and the same on
-both engines, bit for bit.
+in which a signature's place keys are summed (relative differences of 1e-16 in means), and
+are the same on both engines, bit for bit.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from bayesprism.errors import InputError, Problem
 from bayesprism.ingest import dispatch
 from bayesprism.ingest.distributed import ingest_engine
 from bayesprism.ingest.layout import check_layout
-from bayesprism.ingest.read import concat_frames
+from bayesprism.ingest.parquet import arrow_schema, to_arrow
 from bayesprism.ingest.signatures import apply_signatures
 from bayesprism.ingest.summary import Accumulator
 from bayesprism.inventory import InventoryPart, is_step_table
@@ -49,7 +54,7 @@ from bayesprism.model.statistics import (
     empty_collective_cells,
     merge_statistics,
 )
-from bayesprism.schema import ALL_COLUMNS, signature_as_kernel, validate_table
+from bayesprism.schema import signature_as_kernel, validate_table
 
 #: Columns of the kernel cells of one file kept as categories (one label per distinct value).
 _LABEL_COLUMNS = ("run", "node", "kernel", "kernel_class")
@@ -156,18 +161,29 @@ class SideFile:
     [1, 2]
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, schema=None) -> None:
         self.path = path
         self._writer = None
-        self._schema = None
+        self._schema = schema
+        self._rows = schema is not None  # trace-table rows (else any frames)
+        #: the columns of the frames written
+        self.columns: set[str] = set()
 
     def write(self, frame: pd.DataFrame) -> None:
-        """Append one frame (its categories written as strings: the same schema for all)."""
+        """Append one frame: as trace-table rows of ``schema`` when one was given, else with
+        its categories as strings (the first frame's schema for all)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)
-        if self._writer is None:
+        self.columns.update(frame.columns)
+        if self._rows:
+            table = to_arrow(frame, self._schema)
+        else:
+            table = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(
+                None)
+        if self._writer is None and self._rows:
+            self._writer = pq.ParquetWriter(self.path, self._schema)
+        elif self._writer is None:
             self._schema = pa.schema([
                 pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
                 for f in table.schema])
@@ -184,6 +200,16 @@ class SideFile:
         found = pq.ParquetFile(self.path)
         for i in range(found.num_row_groups):
             yield found.read_row_group(i).to_pandas()
+
+    def table(self) -> pd.DataFrame | None:
+        """Every frame written, as one (None when none was), with the columns written only."""
+        import pyarrow.parquet as pq
+
+        if self._writer is None:
+            return None
+        self._writer.close()
+        return pq.read_table(self.path, columns=[c for c in self._schema.names
+                                                 if c in self.columns]).to_pandas()
 
 
 def stream_statistics(paths, *, gpus_per_node: int | None = None,
@@ -221,23 +247,23 @@ def stream_statistics(paths, *, gpus_per_node: int | None = None,
     collector = dispatch.IngestCollector(problems=list(problems))
     options = dispatch.reader_options(gpus_per_node, None, column_map, check_layout(layout))
     part = StatisticsPart()
-    collectives: list[pd.DataFrame] = []
     read_any = False
     with tempfile.TemporaryDirectory(prefix="bayesprism-statistics-", dir=spill_dir) as tmp, \
             ingest_engine(engine, client=client, progress=progress) as reads:
         cells, launches = SideFile(Path(tmp) / "cells.parquet"), SideFile(
             Path(tmp) / "launches.parquet")
+        # on disk too: a few hundred rows of 27 columns per file cost more as frames
+        collectives = SideFile(Path(tmp) / "collectives.parquet", arrow_schema())
         for rows, file_cells, file_launches, file_part in dispatch.iter_frames(
                 files, options, collector, progress and reads is None,
                 finish=file_statistics, read=reads,
                 strict=dispatch.resolve_strict(strict, reads)):
             read_any = True
             part.merge(file_part)
-            for side, frame in ((cells, file_cells), (launches, file_launches)):
+            for side, frame in ((cells, file_cells), (launches, file_launches),
+                                (collectives, rows)):
                 if frame is not None and len(frame):
                     side.write(frame)
-            if rows is not None:
-                collectives.append(rows)
         if reads is not None:  # the inventory and place keys reduced on the cluster
             reads.add_totals(collector, part)
         signatures = collector.finish()
@@ -249,8 +275,9 @@ def stream_statistics(paths, *, gpus_per_node: int | None = None,
                                                kernels=signatures))
         for frame in launches.frames():
             part.inventory.frames["launches"].append(_renamed_launches(frame, signatures))
-    if collectives:
-        table = _collective_table(collectives, collector, signatures)
+        rows = collectives.table()
+    if rows is not None:
+        table = _collective_table(rows, collector, signatures)
         part.cells.append(batch_statistics(signature_as_kernel(table),
                                            gpus_per_node=_gpus_per_run(part)))
     return part, signatures, collector.attrs
@@ -265,12 +292,10 @@ def _renamed_launches(launches: pd.DataFrame, signatures: dict[str, str]) -> pd.
         ["n", "tail_n"]].sum().reset_index()
 
 
-def _collective_table(frames: list[pd.DataFrame], collector: dispatch.IngestCollector,
+def _collective_table(table: pd.DataFrame, collector: dispatch.IngestCollector,
                       signatures: dict[str, str]) -> pd.DataFrame:
-    """The collective rows of every file as one table, named by their signatures, with
-    their durations split into waiting and transfer (as :func:`read_traces` splits them)."""
-    columns = [c for c in ALL_COLUMNS if any(c in f.columns for f in frames)]
-    table = concat_frames(frames, columns)
+    """The collective rows of every file, named by their signatures, with their durations
+    split into waiting and transfer (as :func:`read_traces` splits them)."""
     if signatures and "signature" in table:
         table["signature"] = apply_signatures(table["signature"], signatures)
     table["wait_us"], table["transfer_us"] = dispatch.split_collectives(table, collector)
