@@ -13,7 +13,9 @@ embedded engine, or a Dask worker, :mod:`bayesprism.ingest.distributed`):
 * all its rows to an :class:`~bayesprism.inventory.InventoryPart` (launches per kernel and
   rank, spans, idle time before synchronisations), finished at the end the same way;
 * its collective rows come back as rows: the wait/transfer split needs every participant's
-  rows (:mod:`bayesprism.ingest.waits`). They are split, named and reduced at the end.
+  rows (:mod:`bayesprism.ingest.waits`). They wait in a side file (in the trace table's
+  Arrow schema, as :func:`~bayesprism.ingest.parquet.ingest_to_parquet` keeps them) and are
+  read back as one table, split, named and reduced at the end.
 
 A place key launches about once per micro-batch, so a file's cells and launch counts are a
 fraction of its rows but still grow with the files: the client writes them to a Parquet side
