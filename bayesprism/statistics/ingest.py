@@ -88,8 +88,9 @@ def ingest_statistics(paths: Sequence[str | os.PathLike] | str | os.PathLike,
         for table in tables:
             part.merge(StatisticsPart.of(table))
         if raw:
+            # the files' cells wait for the signatures beside the output, as its temporary
             streamed, signatures, streamed_attrs = stream_statistics(
-                raw, engine=engine, client=dask, **options)
+                raw, engine=engine, client=dask, spill_dir=out.parent, **options)
             part.merge(streamed)
             tables.append(_attrs_only(streamed_attrs))
         attrs = merged_attrs(tables)
@@ -106,5 +107,6 @@ def _attrs_only(attrs: dict) -> pd.DataFrame:
     table = pd.DataFrame()
     table.attrs = attrs
     return table
+
 
 __all__ = ["ingest_statistics"]
