@@ -4,7 +4,10 @@ NumPy/pandas only. Two kinds of inventory:
 
 * **kernel tables** (:func:`kernel_inventory`): per kernel its class, launches per rank and step,
   message bytes, group size and parallel role; per rank its node and GPU; per (step, rank) the
-  span of the rank's GPU work; ``attrs["traced_plan"]`` as JSON.
+  span of the rank's GPU work; ``attrs["traced_plan"]`` as JSON. Built from
+  :class:`InventoryPart` values, which reduce rows file by file and merge, so that streamed
+  trace files (:mod:`bayesprism.statistics.stream`) get the table's inventory without the
+  table (:func:`inventory_of_parts`); a table is one part.
 * **step-level tables** (MLPerf logs, every row ``kernel_class == "step"``,
   :func:`step_inventory`): per run its layout (``world_size``, ``gpus_per_node``, ``dp``, ``tp``,
   ``pp``, ``cp``, ``microbatches``, ``virtual_stages``, ``micro_batch_size``), the number of
