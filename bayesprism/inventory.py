@@ -4,7 +4,10 @@ NumPy/pandas only. Two kinds of inventory:
 
 * **kernel tables** (:func:`kernel_inventory`): per kernel its class, launches per rank and step,
   message bytes, group size and parallel role; per rank its node and GPU; per (step, rank) the
-  span of the rank's GPU work; ``attrs["traced_plan"]`` as JSON.
+  span of the rank's GPU work; ``attrs["traced_plan"]`` as JSON. Built from
+  :class:`InventoryPart` values, which reduce rows file by file and merge, so that streamed
+  trace files (:mod:`bayesprism.statistics.stream`) get the table's inventory without the
+  table (:func:`inventory_of_parts`); a table is one part.
 * **step-level tables** (MLPerf logs, every row ``kernel_class == "step"``,
   :func:`step_inventory`): per run its layout (``world_size``, ``gpus_per_node``, ``dp``, ``tp``,
   ``pp``, ``cp``, ``microbatches``, ``virtual_stages``, ``micro_batch_size``), the number of
@@ -126,20 +129,36 @@ def traced_plan(table: pd.DataFrame) -> dict:
     microbatches, gpus_per_node, world_size`` (``microbatches`` None when unknown), ``known``
     (False when the trace carried no plan at all), and ``schedule`` and ``sharding`` where the
     run records them.
+
+    Examples
+    --------
+    >>> table = pd.DataFrame({"run": ["r"], "rank": [3], "node": ["a"], "gpu": [0]})
+    >>> table.attrs = {"runs": {"r": {"plan": {"tp": 2}}}}
+    >>> {k: traced_plan(table)[k] for k in ("dp", "tp", "world_size")}
+    {'dp': 2, 'tp': 2, 'world_size': 4}
     """
-    runs_meta = table.attrs.get("runs") or {}
-    run = str(table["run"].astype(str).value_counts().index[0]) if len(table) else None
+    placed = table.loc[table["rank"] >= 0]
+    node_gpus = placed[["node", "gpu"]].astype({"node": str}).drop_duplicates()
+    rows = table["run"].astype(str).value_counts(sort=False)
+    return _plan(table.attrs.get("runs") or {}, rows,
+                 int(placed["rank"].max()) if len(placed) else None, node_gpus)
+
+
+def _plan(runs_meta: dict, rows_per_run: pd.Series, max_rank: int | None,
+          node_gpus: pd.DataFrame) -> dict:
+    """:func:`traced_plan` from what it reads of the rows: rows per run, the largest rank
+    and the distinct (node, gpu) pairs of ranks >= 0."""
+    run = _mode(rows_per_run) if len(rows_per_run) else None
     meta = dict(runs_meta.get(run) or {})
     plan = dict(meta.get("plan") or {})
-    ranks = table.loc[table["rank"] >= 0, "rank"]
     world = _positive_int(meta.get("world_size", plan.get("world_size")))
     if world is None:
-        world = int(ranks.max()) + 1 if len(ranks) else 1
+        world = max_rank + 1 if max_rank is not None else 1
     sizes = {k: _positive_int(plan.get(k)) or 1 for k in ("tp", "pp", "cp", "ep")}
     dp = _positive_int(plan.get("dp")) or max(world // (sizes["tp"] * sizes["pp"] * sizes["cp"]), 1)
     gpus_per_node = _positive_int(meta.get("gpus_per_node", plan.get("gpus_per_node")))
     if gpus_per_node is None:
-        per_node = table.loc[table["rank"] >= 0].groupby("node", observed=True)["gpu"].nunique()
+        per_node = node_gpus.drop_duplicates().groupby("node")["gpu"].nunique()
         gpus_per_node = int(per_node.max()) if len(per_node) else 1
     out = {"dp": dp, **sizes, "microbatches": _positive_int(plan.get("microbatches")),
            "gpus_per_node": gpus_per_node, "world_size": world, "known": bool(plan)}
@@ -148,6 +167,18 @@ def traced_plan(table: pd.DataFrame) -> dict:
         if isinstance(plan.get(key), str):
             out[key] = plan[key]
     return out
+
+
+def _mode(counts: pd.Series):
+    """The label with the largest count (summed over repeated labels); ties: the smallest.
+
+    Examples
+    --------
+    >>> _mode(pd.Series([2, 3, 3], index=["b", "c", "a"]))
+    'a'
+    """
+    totals = counts.groupby(level=0).sum().sort_index()
+    return totals.index[int(np.argmax(totals.to_numpy()))]
 
 
 def collective_role(kernel_class: str, group_size: float, plan: dict) -> str:
@@ -173,18 +204,179 @@ def collective_role(kernel_class: str, group_size: float, plan: dict) -> str:
     return "dp" if size == plan.get("world_size") and size > 1 else "unknown"
 
 
-def _typical(values: pd.Series) -> float:
-    values = values.dropna()
-    if len(values) == 0:
-        return float("nan")
-    counts = values.value_counts()
-    return float(counts.index[0])
+def _typical(counts: pd.DataFrame, column: str, kernels: list[str]) -> pd.Series:
+    """Per kernel, the most common value of ``column`` in ``counts`` (kernel, column, n);
+    ties: the smallest (absent kernels: missing)."""
+    if not len(counts):
+        return pd.Series(index=pd.Index(kernels, dtype=object), dtype=object)
+    totals = counts.groupby(["kernel", column], sort=True)["n"].sum().reset_index()
+    # a stable sort by count keeps the smallest value first among ties
+    best = totals.sort_values("n", ascending=False, kind="stable").drop_duplicates("kernel")
+    return best.set_index("kernel")[column].reindex(kernels)
+
+
+class InventoryPart:
+    """What :func:`kernel_inventory` reads of a table's rows, reduced and mergeable.
+
+    A trace file's rows reduce to a few small frames (launches per kernel and rank, the ranks'
+    steps and placement, message bytes and group sizes per kernel, each rank-step's span and
+    the idle time before its synchronisations) that merge across files, so the inventory of
+    10^4 rank files is built without holding their rows: :func:`inventory_of_parts` finishes
+    it. Kernels are labels as given (place keys while the signatures are not yet decided,
+    renamed by ``inventory_of_parts(mapping=)``); every frame carries the run, so runs can be
+    left out at the end (micro-benchmarks).
+
+    Examples
+    --------
+    >>> table = pd.DataFrame({"run": ["r"] * 2, "step": [0, 1], "node": ["a"] * 2,
+    ...                       "gpu": [0, 0], "rank": [0, 0], "kernel": ["k"] * 2,
+    ...                       "kernel_class": ["gemm"] * 2, "duration_us": [1.0, 2.0]})
+    >>> part = InventoryPart.of(table.iloc[:1])
+    >>> part.merge(InventoryPart.of(table.iloc[1:]))
+    >>> inventory_of_parts(part, {})["launches"].values.tolist()
+    [[1.0]]
+    """
+
+    FRAMES = ("launches", "steps", "placement", "node_gpus", "values", "group_sizes", "roles",
+              "spans", "node_spans", "syncs")
+
+    def __init__(self) -> None:
+        self.frames: dict[str, list[pd.DataFrame]] = {name: [] for name in self.FRAMES}
+        #: whether any rows had a ``phase`` / a ``pp_stage`` / a ``start_us``
+        self.phases = self.stages = self.starts = False
+        self.max_stage = 0
+
+    def merge(self, other: InventoryPart) -> None:
+        """Add another part's rows (kept in order: earlier parts first)."""
+        for name in self.FRAMES:
+            self.frames[name].extend(other.frames[name])
+        self.phases |= other.phases
+        self.stages |= other.stages
+        self.starts |= other.starts
+        self.max_stage = max(self.max_stage, other.max_stage)
+
+    def frame(self, name: str, runs: set[str] | None = None) -> pd.DataFrame:
+        """One of :data:`FRAMES`, the parts' rows together (only ``runs`` when given)."""
+        frames = self.frames[name]
+        out = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (
+            frames[0] if frames else pd.DataFrame({"run": pd.Series([], dtype=object)}))
+        return out if runs is None else out.loc[out["run"].isin(runs)]
+
+    @classmethod
+    def of(cls, table: pd.DataFrame) -> InventoryPart:
+        """The part of a table's kernel-level rows (step-level rows left out)."""
+        part = cls()
+        rows = table.loc[(table["kernel_class"].astype(str) != "step").to_numpy()]
+        if not len(rows):
+            return part
+        base = pd.DataFrame({
+            "run": rows["run"].astype(str).to_numpy(),
+            "kernel": rows["kernel"].astype(str).to_numpy(),
+            "kernel_class": rows["kernel_class"].astype(str).to_numpy(),
+            "rank": rows["rank"].to_numpy(dtype=np.int64),
+            "step": rows["step"].to_numpy(dtype=np.int64),
+        })
+        part.phases = "phase" in rows.columns and bool(rows["phase"].notna().any())
+        base["tail"] = ((rows["phase"].astype(str) == "optimizer").to_numpy() if part.phases
+                        else False)
+        part.frames["launches"].append(
+            base.groupby(["run", "kernel", "kernel_class", "rank"], sort=True)["tail"]
+            .agg(n="size", tail_n="sum").reset_index())
+        part.frames["steps"].append(base[["run", "rank", "step"]].drop_duplicates())
+        part.stages = "pp_stage" in rows.columns and bool(rows["pp_stage"].notna().any())
+        stage = (rows["pp_stage"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+                 if part.stages else np.full(len(rows), np.nan))
+        part.max_stage = int(np.nan_to_num(stage, nan=0.0).max())
+        node = rows["node"].astype(str).to_numpy()
+        gpu = rows["gpu"].to_numpy(dtype=np.int64)
+        part.frames["placement"].append(
+            pd.DataFrame({"run": base["run"], "rank": base["rank"], "node": node, "gpu": gpu,
+                          "pp_stage": stage})
+            .groupby("rank", sort=True).first().reset_index())
+        placed = base["rank"].to_numpy() >= 0
+        part.frames["node_gpus"].append(pd.DataFrame(
+            {"run": base["run"].to_numpy()[placed], "node": node[placed],
+             "gpu": gpu[placed]}).drop_duplicates())
+        _add_kernel_values(part, rows, base, np.nan_to_num(stage, nan=0.0).astype(np.int64))
+        if "start_us" in rows.columns and rows["start_us"].notna().any():
+            part.starts = True
+            _add_spans(part, rows, base, node)
+        return part
+
+
+def _add_kernel_values(part: InventoryPart, rows: pd.DataFrame, base: pd.DataFrame,
+                       stage: np.ndarray) -> None:
+    """Message bytes per (kernel, stage), group sizes and traced roles per kernel."""
+    keys = ["run", "kernel"]
+    if "bytes" in rows.columns:
+        nbytes = pd.to_numeric(rows["bytes"], errors="coerce").to_numpy(dtype=float)
+        has = ~np.isnan(nbytes)
+        part.frames["values"].append(
+            pd.DataFrame({"run": base["run"].to_numpy()[has],
+                          "kernel": base["kernel"].to_numpy()[has], "stage": stage[has],
+                          "bytes": nbytes[has]})
+            .groupby([*keys, "stage"], sort=True)["bytes"].agg(bytes_sum="sum", bytes_n="size")
+            .reset_index())
+    for column, name in (("group_size", "group_sizes"), ("role", "roles")):
+        if column not in rows.columns:
+            continue
+        values = (pd.to_numeric(rows[column], errors="coerce") if column == "group_size"
+                  else rows[column].astype(object)).to_numpy()
+        has = pd.notna(values)
+        if has.any():
+            part.frames[name].append(
+                pd.DataFrame({"run": base["run"].to_numpy()[has],
+                              "kernel": base["kernel"].to_numpy()[has], column: values[has]})
+                .groupby([*keys, column], sort=True).size().rename("n").reset_index())
+
+
+def _add_spans(part: InventoryPart, rows: pd.DataFrame, base: pd.DataFrame,
+               node: np.ndarray) -> None:
+    """First start and last end per rank-step and per node-step, and each rank-step's
+    segments between synchronisations (:func:`_rank_segments`)."""
+    start = rows["start_us"].to_numpy(dtype=float)
+    end = start + rows["duration_us"].to_numpy(dtype=float)
+    spans = pd.DataFrame({"run": base["run"], "step": base["step"], "rank": base["rank"],
+                          "node": node, "start": start, "end": end})
+    for name, keys in (("spans", ["run", "step", "rank"]), ("node_spans", ["run", "step", "node"])):
+        grouped = spans.groupby(keys, sort=True)
+        part.frames[name].append(pd.concat([grouped["start"].min(), grouped["end"].max()],
+                                           axis=1).reset_index())
+    is_coll = base["kernel_class"].isin(COLLECTIVE_CLASSES).to_numpy()
+    kernels = base["kernel"].to_numpy()
+    syncs = []
+    for (run, step, rank), ix in spans.groupby(["run", "step", "rank"], sort=True).indices.items():
+        ix = ix[np.isfinite(start[ix])]
+        if ix.size:
+            syncs.append((run, step, rank, node[ix[0]],
+                          *_rank_segments(ix, start, end, is_coll, kernels)))
+    part.frames["syncs"].append(pd.DataFrame(
+        syncs, columns=["run", "step", "rank", "node", "hi0", "cover0", "rest", "colls"]))
+
+
+def _rank_segments(ix: np.ndarray, start: np.ndarray, end: np.ndarray, is_coll: np.ndarray,
+                   kernels: np.ndarray) -> tuple[float, float, tuple, tuple]:
+    """One rank-step's segments between synchronisations (:func:`_sync_idle`), all but the
+    first, whose start (the node's step start) needs the other ranks of the node: for it, its
+    end and the time the rank's compute covers before it. The cover does not depend on where
+    the segment starts, since every compute launch of the rank starts at or after the node's
+    first one."""
+    ix = ix[np.argsort(start[ix], kind="stable")]
+    coll, comp = ix[is_coll[ix]], ix[~is_coll[ix]]
+    lo = np.r_[start[ix[0]], end[coll]]
+    hi = np.r_[start[coll], end[ix].max()]
+    cover = _covered_lengths(start[comp], end[comp], lo, hi)
+    length = hi[1:] - lo[1:]
+    rest = np.where(length > 0, np.maximum(length - cover[1:], 0.0), 0.0)
+    return float(hi[0]), float(cover[0]), tuple(rest.tolist()), tuple(kernels[coll])
 
 
 def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
     """The inventory of a kernel-level trace table (docs/artifacts.md, ``inventory`` group).
 
     A step-level table (every row ``kernel_class == "step"``) gets :func:`step_inventory`.
+    Built as streamed tables are (:class:`InventoryPart` of the one table,
+    :func:`inventory_of_parts`).
 
     Parameters
     ----------
@@ -205,81 +397,108 @@ def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
         (step_unit, rank, sync) and ``sync_role`` (sync): the rank's host idle time before each
         synchronisation (:func:`_sync_idle`). attrs ``kind="kernel"``, ``traced_plan`` (JSON),
         ``run``, ``platform``.
+
+    Examples
+    --------
+    >>> table = pd.DataFrame({"run": ["r"] * 3, "step": [0, 0, 1], "node": ["a"] * 3,
+    ...                       "gpu": [0, 0, 0], "rank": [0, 0, 0], "kernel": ["k"] * 3,
+    ...                       "kernel_class": ["gemm"] * 3, "duration_us": [1.0, 2.0, 3.0]})
+    >>> kernel_inventory(table)["launches_per_step"].values.tolist()
+    [1.5]
     """
     if len(table) == 0:
         raise InputError(Problem("table", "", "the table has no rows"))
     if is_step_table(table):
         return step_inventory(table)
-    rows = table.loc[table["kernel_class"].astype(str) != "step"]
-    plan = traced_plan(rows)
-    run = rows["run"].astype(str)
-    step_unit = run + "/" + rows["step"].astype(str)
-    kernels = sorted(rows["kernel"].astype(str).unique().tolist())
-    ranks = sorted(int(r) for r in rows["rank"].unique())
-    frame = pd.DataFrame({
-        "kernel": rows["kernel"].astype(str).to_numpy(),
-        "kernel_class": rows["kernel_class"].astype(str).to_numpy(),
-        "rank": rows["rank"].to_numpy(dtype=np.int64),
-        "step_unit": step_unit.to_numpy(),
-    })
-    steps_per_rank = frame.groupby("rank")["step_unit"].nunique().reindex(ranks)
-    counts = frame.groupby(["kernel", "rank"]).size().unstack("rank", fill_value=0)
-    counts = counts.reindex(index=kernels, columns=ranks, fill_value=0)
+    return inventory_of_parts(InventoryPart.of(table), table.attrs)
+
+
+def inventory_of_parts(part: InventoryPart, attrs: dict, *, mapping: dict | None = None,
+                       runs: set[str] | None = None) -> xr.Dataset:
+    """The kernel inventory (:func:`kernel_inventory`) of merged :class:`InventoryPart`.
+
+    Parameters
+    ----------
+    part
+        The parts of every file or table, merged.
+    attrs
+        The run metadata (``runs``: the traced plan, platforms).
+    mapping
+        Kernel label → the name the inventory uses (place keys → kernel signatures,
+        :func:`bayesprism.ingest.signatures.signature_map`); labels not in it are kept.
+    runs
+        The runs to describe (default: all).
+
+    Returns
+    -------
+    xarray.Dataset
+
+    Raises
+    ------
+    InputError
+        No kernel-level rows.
+
+    Examples
+    --------
+    >>> table = pd.DataFrame({"run": ["r"] * 2, "step": [0, 0], "node": ["a"] * 2,
+    ...                       "gpu": [0, 0], "rank": [0, 0], "kernel": ["k1", "k2"],
+    ...                       "kernel_class": ["gemm"] * 2, "duration_us": [1.0, 2.0]})
+    >>> inv = inventory_of_parts(InventoryPart.of(table), {}, mapping={"k1": "k", "k2": "k"})
+    >>> inv["launches_per_step"].values.tolist()
+    [2.0]
+    """
+
+    def frame(name: str) -> pd.DataFrame:
+        out = part.frame(name, runs)
+        if mapping and "kernel" in out.columns:
+            out = out.assign(kernel=out["kernel"].map(lambda k: mapping.get(k, k)))
+        return out
+
+    launch = frame("launches")
+    if not len(launch):
+        raise InputError(Problem("table", "", "the table has no rows"))
+    kernels = sorted(launch["kernel"].unique().tolist())
+    ranks = sorted(int(r) for r in launch["rank"].unique())
+    steps = frame("steps").drop_duplicates()
+    steps_per_rank = steps.groupby("rank").size().reindex(ranks)
+    counts = (launch.groupby(["kernel", "rank"])["n"].sum().unstack("rank", fill_value=0)
+              .reindex(index=kernels, columns=ranks, fill_value=0))
     launches = counts.to_numpy(dtype=float) / steps_per_rank.to_numpy(dtype=float)[None, :]
-    kernel_class = frame.groupby("kernel")["kernel_class"].agg(lambda s: s.value_counts().index[0])
-    kernel_class = kernel_class.reindex(kernels)
+    kernel_class = _typical(launch, "kernel_class", kernels)
     is_collective = kernel_class.isin(COLLECTIVE_CLASSES).to_numpy()
-
-    def per_kernel(column: str, how) -> np.ndarray:
-        if column not in rows.columns:
-            return np.full(len(kernels), np.nan)
-        values = pd.Series(pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float),
-                           index=frame["kernel"].to_numpy())
-        out = values.groupby(level=0).agg(how).reindex(kernels).to_numpy(dtype=float)
-        return np.where(is_collective, out, np.nan)
-
-    bytes_per_launch = per_kernel("bytes", "mean")
-    tail_share, stage_bytes, stages = _stage_details(rows, frame, kernels, is_collective)
-    group_size = per_kernel("group_size", _typical)
+    per_kernel = launch.groupby("kernel")[["n", "tail_n"]].sum().reindex(kernels)
+    tail_share = (per_kernel["tail_n"].to_numpy(dtype=float) / per_kernel["n"].to_numpy(float)
+                  if part.phases else (kernel_class == "optimizer").to_numpy(dtype=float))
+    bytes_per_launch, stage_bytes = _bytes(frame("values"), kernels, is_collective,
+                                           part.max_stage + 1)
+    sizes = frame("group_sizes")
+    group_size = np.where(is_collective, _typical(sizes, "group_size", kernels)
+                          .to_numpy(dtype=float), np.nan)
+    placement = frame("placement").groupby("rank", sort=True).first().reindex(ranks)
+    rows_per_run = launch.groupby("run")["n"].sum()
+    placed = [r for r in ranks if r >= 0]
+    plan = _plan(attrs.get("runs") or {}, rows_per_run, max(placed) if placed else None,
+                 frame("node_gpus")[["node", "gpu"]])
     roles = [collective_role(c, g, plan) for c, g in zip(kernel_class, group_size, strict=True)]
-    if "role" in rows.columns and rows["role"].notna().any():
+    traced = frame("roles")
+    if len(traced):
         # roles read from the traces' process groups win over the group-size guess
-        traced = (pd.Series(rows["role"].astype(object).to_numpy(), index=frame["kernel"])
-                  .dropna().groupby(level=0).agg(lambda s: s.value_counts().index[0]))
-        roles = [str(traced[k]) if k in traced.index and c in COLLECTIVE_CLASSES else r
-                 for k, c, r in zip(kernels, kernel_class, roles, strict=True)]
-
-    placement = rows.groupby("rank", observed=True)[["node", "gpu"]].first().reindex(ranks)
-    if "pp_stage" in rows.columns and rows["pp_stage"].notna().any():
-        stage_of_rank = (rows.groupby("rank", observed=True)["pp_stage"].first().reindex(ranks)
-                         .astype("Float64").fillna(-1).to_numpy(dtype=np.int64))
-    else:
-        stage_of_rank = np.full(len(ranks), -1, dtype=np.int64)
-    step_units = sorted(frame["step_unit"].unique().tolist(), key=_step_unit_key)
-    if "start_us" in rows.columns and rows["start_us"].notna().any():
-        start = rows["start_us"].to_numpy(dtype=float)
-        spans = pd.DataFrame({"step_unit": frame["step_unit"], "rank": frame["rank"],
-                              "start": start, "end": start + rows["duration_us"].to_numpy(float)})
-        grouped = spans.groupby(["step_unit", "rank"])
-        span = (grouped["end"].max() - grouped["start"].min()).unstack("rank")
-        span = span.reindex(index=step_units, columns=ranks).to_numpy(dtype=float)
-        # the step itself: first kernel of any rank to the last end, per node (ranks of a node
-        # share its clock), so late-starting ranks' short spans do not hide the waiting
-        spans["node"] = rows["node"].astype(str).to_numpy()
-        by_node = spans.groupby(["step_unit", "node"])
-        step_span = (by_node["end"].max() - by_node["start"].min()).unstack("node")
-        step_span = step_span.reindex(index=step_units).max(axis=1).to_numpy(dtype=float)
-        span_note = "span from start_us and duration_us"
-    else:
-        span = np.full((len(step_units), len(ranks)), np.nan)
-        step_span = np.full(len(step_units), np.nan)
-        span_note = "no start_us column: step spans unknown"
-
-    idle, sync_role = _sync_idle(rows, frame, step_units, ranks, roles, kernels)
-    platforms = sorted({str(m.get("platform")) for m in (rows.attrs.get("runs") or {}).values()
+        traced_role = _typical(traced, "role", kernels)
+        roles = [str(traced_role[k]) if pd.notna(traced_role[k]) and c in COLLECTIVE_CLASSES
+                 else r for k, c, r in zip(kernels, kernel_class, roles, strict=True)]
+    stage_of_rank = (placement["pp_stage"].fillna(-1).to_numpy(dtype=np.int64)
+                     if part.stages else np.full(len(ranks), -1, dtype=np.int64))
+    step_units = sorted({f"{run}/{step}" for run, step in zip(steps["run"], steps["step"],
+                                                              strict=True)},
+                        key=_step_unit_key)
+    span, step_span, span_note = _spans(part, frame, step_units, ranks)
+    idle, sync_role = _sync_idle(part, frame, step_units, ranks, dict(zip(kernels, roles,
+                                                                         strict=True)))
+    run_names = sorted(set(launch["run"]))
+    platforms = sorted({str(m.get("platform")) for m in (attrs.get("runs") or {}).values()
                         if m.get("platform")})
     plan_json = {k: v for k, v in plan.items() if k != "known"}
-    ds = xr.Dataset(
+    return xr.Dataset(
         {
             "kernel_class": ("kernel", kernel_class.to_numpy(dtype=str).astype(object)),
             "launches_per_step": ("kernel", launches.mean(axis=1)),
@@ -298,42 +517,46 @@ def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
             "sync_role": ("sync", sync_role),
         },
         coords={"kernel": np.array(kernels, dtype=object), "rank": np.array(ranks),
-                "pp_stage": np.arange(stages),
+                "pp_stage": np.arange(part.max_stage + 1),
                 "step_unit": np.array(step_units, dtype=object),
                 "sync": np.arange(idle.shape[-1])},
         attrs={"kind": "kernel", "traced_plan": json.dumps(plan_json, sort_keys=True),
-               "plan_known": int(plan["known"]), "run": ",".join(sorted(run.unique())),
+               "plan_known": int(plan["known"]), "run": ",".join(run_names),
                "platform": ",".join(platforms), "traced_step_time_note": span_note},
     )
-    return ds
 
 
-def _stage_details(rows: pd.DataFrame, frame: pd.DataFrame, kernels: list[str],
-                   is_collective: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """Per kernel, the share of its launches in the step's tail (``phase == "optimizer"``:
-    the optimizer step after the last backward, ``bayesprism.ingest.annotate``; the class
-    ``optimizer`` where the traces have no phases), and per kernel and traced pipeline stage
-    the mean bytes of a collective launch (NaN elsewhere; one stage when none is known)."""
-    classes = frame.groupby("kernel")["kernel_class"].first().reindex(kernels)
-    if "phase" in rows.columns and rows["phase"].notna().any():
-        tail = pd.Series((rows["phase"].astype(str) == "optimizer").to_numpy(),
-                         index=frame["kernel"].to_numpy())
-        share = tail.groupby(level=0).mean().reindex(kernels).to_numpy(dtype=float)
-    else:
-        share = (classes == "optimizer").to_numpy(dtype=float)
-    if "pp_stage" not in rows.columns or rows["pp_stage"].isna().all():
-        stage = np.zeros(len(rows), dtype=np.int64)
-    else:
-        stage = rows["pp_stage"].astype("Float64").fillna(0).to_numpy(dtype=np.int64)
-    stages = int(stage.max()) + 1 if len(stage) else 1
-    nbytes = (pd.to_numeric(rows["bytes"], errors="coerce").to_numpy(dtype=float)
-              if "bytes" in rows.columns else np.full(len(rows), np.nan))
-    by_stage = (pd.DataFrame({"kernel": frame["kernel"].to_numpy(), "stage": stage,
-                              "bytes": nbytes})
-                .groupby(["kernel", "stage"])["bytes"].mean().unstack("stage")
+def _bytes(values: pd.DataFrame, kernels: list[str], is_collective: np.ndarray,
+           stages: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean bytes of a launch per kernel, and per kernel and traced pipeline stage (NaN for
+    kernels that are not collectives, and where no launch had bytes)."""
+    if not len(values):
+        return np.full(len(kernels), np.nan), np.full((len(kernels), stages), np.nan)
+    per_kernel = values.groupby("kernel")[["bytes_sum", "bytes_n"]].sum().reindex(kernels)
+    mean = per_kernel["bytes_sum"].to_numpy(dtype=float) / per_kernel["bytes_n"].to_numpy(float)
+    by_stage = values.groupby(["kernel", "stage"])[["bytes_sum", "bytes_n"]].sum()
+    by_stage = ((by_stage["bytes_sum"] / by_stage["bytes_n"]).unstack("stage")
                 .reindex(index=kernels, columns=range(stages)).to_numpy(dtype=float, copy=True))
     by_stage[~is_collective] = np.nan
-    return share, by_stage, stages
+    return np.where(is_collective, mean, np.nan), by_stage
+
+
+def _spans(part: InventoryPart, frame, step_units: list, ranks: list
+           ) -> tuple[np.ndarray, np.ndarray, str]:
+    """Each rank's span per step and the step's span (the longest over nodes, whose ranks
+    share a clock), from the first start and last end of :class:`InventoryPart`."""
+    if not part.starts:
+        return (np.full((len(step_units), len(ranks)), np.nan),
+                np.full(len(step_units), np.nan), "no start_us column: step spans unknown")
+    out = []
+    for name, column in (("spans", "rank"), ("node_spans", "node")):
+        found = frame(name)
+        unit = found["run"].astype(str) + "/" + found["step"].astype(str)
+        grouped = found.assign(step_unit=unit).groupby(["step_unit", column])
+        out.append((grouped["end"].max() - grouped["start"].min()).unstack(column)
+                   .reindex(index=step_units))
+    span = out[0].reindex(columns=ranks).to_numpy(dtype=float)
+    return span, out[1].max(axis=1).to_numpy(dtype=float), "span from start_us and duration_us"
 
 
 def _covered_lengths(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray
@@ -370,8 +593,8 @@ def _covered_lengths(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: n
     return np.maximum(covered_upto(hi) - covered_upto(lo), 0.0)
 
 
-def _sync_idle(rows: pd.DataFrame, frame: pd.DataFrame, step_units: list, ranks: list,
-               roles: list, kernels: list) -> tuple[np.ndarray, np.ndarray]:
+def _sync_idle(part: InventoryPart, frame, step_units: list, ranks: list,
+               role_of: dict[str, str]) -> tuple[np.ndarray, np.ndarray]:
     """Host idle time of each rank before each synchronisation of each step.
 
     A rank's step is cut at its collectives (in start order): segment ``j`` runs from the
@@ -383,7 +606,9 @@ def _sync_idle(rows: pd.DataFrame, frame: pd.DataFrame, step_units: list, ranks:
     launch gaps, never the waiting inside collectives (which the composition recreates).
     Segments are aligned across ranks and steps by their order; a rank-step with fewer
     collectives has NaN in the missing ones. Collectives that overlap compute on another stream
-    shorten segments (idle is then understated, never negative).
+    shorten segments (idle is then understated, never negative). Each rank-step's segments
+    come from :func:`_rank_segments` (where its file was read); the first is finished here,
+    where the node's step start is known.
 
     Returns
     -------
@@ -392,47 +617,25 @@ def _sync_idle(rows: pd.DataFrame, frame: pd.DataFrame, step_units: list, ranks:
         ``sync_role`` (sync): the parallel role of the collective ending each segment (the most
         common over rank-steps), ``"step"`` for the last segment.
     """
-    if "start_us" not in rows.columns or not rows["start_us"].notna().any():
+    syncs = frame("syncs") if part.starts else None
+    if syncs is None or not len(syncs):
         return (np.full((len(step_units), len(ranks), 1), np.nan),
                 np.array(["step"], dtype=object))
-    start = rows["start_us"].to_numpy(dtype=float)
-    end = start + rows["duration_us"].to_numpy(dtype=float)
-    node = rows["node"].astype(str).to_numpy()
-    is_coll = frame["kernel_class"].isin(COLLECTIVE_CLASSES).to_numpy()
-    role_of = dict(zip(kernels, roles, strict=True))
-    keys = pd.DataFrame({"u": frame["step_unit"].to_numpy(), "n": node, "s": start})
-    node_start = keys.groupby(["u", "n"])["s"].transform("min").to_numpy()
+    node_start = frame("node_spans").groupby(["run", "step", "node"])["start"].min()
+    first = node_start.reindex(pd.MultiIndex.from_frame(syncs[["run", "step", "node"]]))
     unit_ix = {u: i for i, u in enumerate(step_units)}
     rank_ix = {r: i for i, r in enumerate(ranks)}
-    segments: dict[tuple[int, int], list[float]] = {}
-    seg_roles: dict[tuple[int, int], list[str]] = {}
-    names = frame["kernel"].to_numpy()
-    for (unit, rank), ix in frame.groupby(["step_unit", "rank"]).indices.items():
-        ix = ix[np.isfinite(start[ix])]
-        if not ix.size:
-            continue
-        ix = ix[np.argsort(start[ix], kind="stable")]
-        coll, comp = ix[is_coll[ix]], ix[~is_coll[ix]]
-        lo = np.r_[node_start[ix[0]], end[coll]]
-        hi = np.r_[start[coll], end[ix].max()]
-        key = (unit_ix[unit], rank_ix[int(rank)])
-        length = hi - lo
-        segments[key] = np.where(
-            length > 0, np.maximum(length - _covered_lengths(start[comp], end[comp], lo, hi),
-                                   0.0), 0.0).tolist()
-        seg_roles[key] = [role_of[names[k]] for k in coll]
-    if not segments:
-        return (np.full((len(step_units), len(ranks), 1), np.nan),
-                np.array(["step"], dtype=object))
-    width = max(len(v) for v in segments.values())
+    width = 1 + max(len(rest) for rest in syncs["rest"])
     idle = np.full((len(step_units), len(ranks), width), np.nan)
-    for (u, r), values in segments.items():
+    for row, a in zip(syncs.itertuples(index=False), first.to_numpy(dtype=float), strict=True):
+        values = [max(0.0, (row.hi0 - a) - row.cover0) if row.hi0 > a else 0.0, *row.rest]
+        u, r = unit_ix[f"{row.run}/{row.step}"], rank_ix[int(row.rank)]
         idle[u, r, : len(values) - 1] = values[:-1]
         idle[u, r, width - 1] = values[-1]  # the step's end is the last segment of every rank
     sync_role = []
     for j in range(width - 1):
-        found = pd.Series([v[j] for v in seg_roles.values() if len(v) > j])
-        sync_role.append(str(found.value_counts().index[0]) if len(found) else "unknown")
+        found = [role_of[colls[j]] for colls in syncs["colls"] if len(colls) > j]
+        sync_role.append(str(_mode(pd.Series(1, index=found))) if found else "unknown")
     return idle, np.array([*sync_role, "step"], dtype=object)
 
 

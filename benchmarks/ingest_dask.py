@@ -19,8 +19,14 @@ bounded by the largest file); the client's grows with the collective rows, as in
 engine. Files are deleted after each N unless ``--keep``. On a shared machine wall time
 depends on the load; CPU time much less.
 
+``--statistics`` measures ``ingest_statistics([DIR], OUT)`` instead (``bayesprism ingest
+--statistics``, file digests off): the compute rows are reduced to kernel cells where each file
+is read, so the client's peak grows with the cells and collective rows only; the ``rows``
+column counts launches.
+
     python benchmarks/ingest_dask.py                         # N = 64, 256, 1024 (~30 GB, long)
     python benchmarks/ingest_dask.py --files 64 --mb-per-file 4   # a quick look
+    python benchmarks/ingest_dask.py --files 64,256 --mb-per-file 4 --statistics
 """
 
 from __future__ import annotations
@@ -50,9 +56,17 @@ def _generator():
     return module.generate
 
 
-def measure(engine: str, trace_dir: Path, out: Path, workers: int) -> dict:
+def measure(engine: str, trace_dir: Path, out: Path, workers: int,
+            statistics: bool = False) -> dict:
     """Ingest ``trace_dir`` with ``engine`` in this process; wall/CPU time and peak memory."""
     from bayesprism.ingest.parquet import ingest_to_parquet
+    from bayesprism.statistics import ingest_statistics
+
+    def ingest(*args, **options) -> dict:
+        if statistics:
+            summary = ingest_statistics(*args, digests=False, **options)
+            return {**summary, "rows": summary["launches"]}
+        return ingest_to_parquet(*args, **options)
 
     def peak_mb(who: int) -> float:
         return resource.getrusage(who).ru_maxrss / 1024
@@ -64,7 +78,7 @@ def measure(engine: str, trace_dir: Path, out: Path, workers: int) -> dict:
     if engine == "embedded":
         os.environ["BAYESPRISM_INGEST_WORKERS"] = str(workers)
         t0 = time.perf_counter()
-        summary = ingest_to_parquet([trace_dir], out, progress=False)
+        summary = ingest([trace_dir], out, progress=False)
         wall = time.perf_counter() - t0
         worker_peaks = [peak_mb(resource.RUSAGE_CHILDREN)] if workers > 1 else []
         worker_cpu = cpu_s(resource.RUSAGE_CHILDREN)
@@ -77,8 +91,7 @@ def measure(engine: str, trace_dir: Path, out: Path, workers: int) -> dict:
             client.wait_for_workers(workers)
             startup = time.perf_counter() - t0
             t0 = time.perf_counter()
-            summary = ingest_to_parquet([trace_dir], out, progress=False, engine="dask",
-                                        client=client)
+            summary = ingest([trace_dir], out, progress=False, engine="dask", client=client)
             wall = time.perf_counter() - t0
             worker_peaks = list(client.run(peak_mb, resource.RUSAGE_SELF).values())
             worker_cpu = sum(client.run(cpu_s, resource.RUSAGE_SELF).values())
@@ -88,12 +101,13 @@ def measure(engine: str, trace_dir: Path, out: Path, workers: int) -> dict:
             "worker_peak_mb": max(worker_peaks) if worker_peaks else None}
 
 
-def run_measured(engine: str, trace_dir: Path, out: Path, workers: int) -> dict:
+def run_measured(engine: str, trace_dir: Path, out: Path, workers: int,
+                 statistics: bool = False) -> dict:
     """:func:`measure` in a fresh process (peaks of earlier runs do not count), with the load."""
     load0 = os.getloadavg()[0]
     proc = subprocess.run([sys.executable, __file__, "--measure", engine, str(trace_dir),
-                           str(out), str(workers)], capture_output=True, text=True, cwd=REPO,
-                          check=False)
+                           str(out), str(workers), "statistics" if statistics else "table"],
+                          capture_output=True, text=True, cwd=REPO, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{engine} on {trace_dir} failed:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -119,18 +133,22 @@ def main() -> int:
                         help="worker processes of either engine")
     parser.add_argument("--keep", type=Path, default=None, help="generate the files here, keep")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
-    parser.add_argument("--measure", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--statistics", action="store_true",
+                        help="measure ingest --statistics (a statistics artifact), not a table")
+    parser.add_argument("--measure", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
-        engine, trace_dir, out, workers = args.measure
-        print(json.dumps(measure(engine, Path(trace_dir), Path(out), int(workers))))
+        engine, trace_dir, out, workers, mode = args.measure
+        print(json.dumps(measure(engine, Path(trace_dir), Path(out), int(workers),
+                                 statistics=mode == "statistics")))
         return 0
 
     generate = _generator()
     engines = [e for e in args.engines.split(",") if e]
     work = args.keep or Path(tempfile.mkdtemp(prefix="bayesprism-dask-bench-"))
     uptime = subprocess.run(["uptime"], capture_output=True, text=True, check=False)
-    print(f"{os.cpu_count()} cores, {args.workers} workers per engine; {uptime.stdout.strip()}")
+    print(f"{os.cpu_count()} cores, {args.workers} workers per engine; "
+          f"{'statistics' if args.statistics else 'table'}; {uptime.stdout.strip()}")
     print(f"{'files':>6} {'JSON MB':>8} {'max MB':>7} {'engine':<9} {'rows':>11} {'wall s':>7} "
           f"{'files/s':>7} {'cli CPU':>7} {'wrk CPU':>7} {'wrk peak':>8} {'cli peak':>8} "
           f"{'start':>5} {'load':>11}")
@@ -143,11 +161,12 @@ def main() -> int:
                 generate(trace_dir, n, args.mb_per_file)
             sizes = [p.stat().st_size / 1e6 for p in trace_dir.iterdir()]
             for engine in engines:
-                result = run_measured(engine, trace_dir, work / "out.parquet", args.workers)
+                result = run_measured(engine, trace_dir, work / "out.parquet", args.workers,
+                                      args.statistics)
                 (work / "out.parquet").unlink(missing_ok=True)
                 print_row(n, sum(sizes), max(sizes), result)
                 rows.append({"files": n, "json_mb": sum(sizes), "largest_file_mb": max(sizes),
-                             **result})
+                             "statistics": args.statistics, **result})
             if args.keep is None:
                 shutil.rmtree(trace_dir)
     finally:

@@ -217,15 +217,15 @@ def test_tree_reduction_counts_every_part_once(client):
     from bayesprism.ingest.signatures import SignatureStats
 
     def part(i: int):
-        return None, SignatureStats({"k": 1, f"own{i}": 1}, {"k": float(i), f"own{i}": 0.0},
+        return (), SignatureStats({"k": 1, f"own{i}": 1}, {"k": float(i), f"own{i}": 0.0},
                                     {"k": 0.0, f"own{i}": 0.0})
 
     reduction = TreeReduction(client, fan_in=3)
     for i in range(37):  # three levels of full groups and leftovers on each
         reduction.add(client.submit(part, i, pure=False))
-    summary, stats = reduction.result().result()
-    assert summary is None
+    accumulators, stats = reduction.result().result()
+    assert accumulators == ()
     assert stats.count["k"] == 37 and stats.log_sum["k"] == sum(range(37))
     assert len(stats.count) == 38
-    assert merge_statistics() == (None, SignatureStats())
+    assert merge_statistics() == ((), SignatureStats())
 

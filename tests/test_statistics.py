@@ -49,14 +49,19 @@ def dev_statistics(dev_subset, tmp_path_factory):
     return out
 
 
-def assert_same_prepared(a, b) -> None:
+def assert_same_prepared(a, b, rtol: float = 0.0) -> None:
+    """The same prepared model: coordinates, shapes and integers exactly, floats bit for bit
+    (``rtol=0``) or within ``rtol``."""
     assert a.coords.keys() == b.coords.keys() and a.data.keys() == b.data.keys()
     for key in a.coords:
         assert a.coords[key] == b.coords[key], key
     for key, value in a.data.items():
         x, y = np.asarray(value), np.asarray(b.data[key])
         assert x.dtype == y.dtype and x.shape == y.shape, key
-        assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), key
+        if rtol and x.dtype.kind == "f":
+            np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol, err_msg=key)
+        else:
+            assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), key
     assert a.attrs == b.attrs and a.summary == b.summary
 
 
@@ -65,10 +70,16 @@ def assert_same_prepared(a, b) -> None:
     ModelSpec(collective_model="none"),  # collectives fitted as kernels, from other cells
     ModelSpec(levels=("node", "gpu", "step")),
 ])
-def test_the_model_is_prepared_bit_for_bit_from_the_artifact(dev_table, dev_statistics, spec):
-    stats = read_statistics(dev_statistics)
+def test_the_model_is_prepared_from_the_artifact_as_from_the_traces(dev_table, dev_statistics,
+                                                                    tmp_path, spec):
     from_tables = prepare([signature_as_kernel(dev_table)], spec)
-    assert_same_prepared(prepare_statistics(stats.model, spec), from_tables)
+    # the table's statistics, written and read back: bit for bit
+    write_statistics(statistics_of(dev_table), tmp_path / "table.parquet")
+    assert_same_prepared(prepare_statistics(read_statistics(tmp_path / "table.parquet").model,
+                                            spec), from_tables)
+    # streamed from the files: a signature's place keys summed in another order
+    stats = read_statistics(dev_statistics)
+    assert_same_prepared(prepare_statistics(stats.model, spec), from_tables, rtol=1e-12)
     assert stats.inventory.identical(statistics_of(dev_table).inventory)
 
 
@@ -84,15 +95,34 @@ def test_a_fit_from_the_artifact_is_the_fit_from_the_traces(dev_subset, dev_stat
     a, b = load(tmp_path / "traces.nc"), load(tmp_path / "stats.nc")
     for group in ("posterior", "sample_stats", "observed_data", "constant_data", "inventory"):
         x, y = a[group].to_dataset(), b[group].to_dataset()
-        assert x.equals(y), group  # every value, bit for bit
+        # the streamed cells differ from the table's by the order of sums (1e-16): so do
+        # the draws, by that rounding carried through the sampler
+        assert_same_values(x, y, group)
         assert ({k: v for k, v in x.attrs.items() if k != "created_at"}
                 == {k: v for k, v in y.attrs.items() if k != "created_at"}), group
-    assert {k: v for k, v in a.attrs.items() if k not in HOW} == {
-        k: v for k, v in b.attrs.items() if k not in HOW}
+    # streamed statistics are digested by their content (no table is assembled)
+    assert {k: v for k, v in a.attrs.items() if k not in HOW | {"input_digest"}} == {
+        k: v for k, v in b.attrs.items() if k not in HOW | {"input_digest"}}
+    assert b.attrs["input_digest"] == read_statistics(dev_statistics).input_digest
     assert (a.attrs["input_kind"], b.attrs["input_kind"]) == ("tables", "statistics")
     assert b.attrs["statistics_source"] == str(dev_statistics)
     recorded = json.loads(b.attrs["statistics_provenance"])
     assert len(recorded["files"]) == 8 and all("sha256" in f for f in recorded["files"])
+
+
+def assert_same_values(x, y, group: str) -> None:
+    """Two datasets with the same variables, coordinates and integers (the sampler's tree
+    depths, steps and divergences: the same trajectories), floats to 1e-3: differences of
+    1e-16 in the cells, carried through 40 iterations of the sampler's adaptation, come out
+    near 1e-5 on the dev subset."""
+    assert x.keys() == y.keys() and x.coords.keys() == y.coords.keys(), group
+    for name in [*x.coords, *x.data_vars]:
+        u, v = x[name].to_numpy(), y[name].to_numpy()
+        assert u.shape == v.shape, (group, name)
+        if u.dtype.kind == "f":
+            np.testing.assert_allclose(u, v, rtol=1e-3, atol=1e-5, err_msg=f"{group}.{name}")
+        else:
+            assert np.array_equal(u, v), (group, name)
 
 
 def test_the_provenance_lists_files_with_digests_and_skips(dev_subset, tmp_path, capsys):

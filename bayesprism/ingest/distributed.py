@@ -5,16 +5,25 @@ one machine parses in reasonable time. ``engine="dask"`` (``bayesprism ingest --
 runs the embedded engine's per-file work on a Dask cluster, and nothing else changes:
 
 * **one task per file**: :func:`bayesprism.ingest.dispatch.read_file` (read → validated rows →
-  the file's partial statistics: its :class:`~bayesprism.ingest.summary.SummaryAccumulator`
-  and the :class:`~bayesprism.ingest.signatures.SignatureStats` of its place keys), exactly
-  the function the embedded engine's worker processes run;
+  the file's partial statistics: its :class:`~bayesprism.ingest.summary.Accumulator` values,
+  such as the :class:`~bayesprism.ingest.summary.SummaryAccumulator` of the rows written or
+  the kernel cells and inventory of ``ingest --statistics``
+  (:class:`bayesprism.statistics.stream.StatisticsPart`), and the
+  :class:`~bayesprism.ingest.signatures.SignatureStats` of its place keys), exactly the
+  function the embedded engine's worker processes run;
 * **a tree reduction** of the partial statistics on the cluster (:class:`TreeReduction`:
   groups of :data:`FAN_IN` consecutive files merged by the same ``merge`` methods the embedded
   engine calls, then groups of groups), so the client never receives one file's statistics;
 * the rows come back to the client **in file order**, where
   :func:`bayesprism.ingest.dispatch.iter_frames` checks each file against the others of its
   run and the caller writes them (:func:`~bayesprism.ingest.parquet.ingest_to_parquet`) or
-  joins them (:func:`~bayesprism.ingest.read.read_traces`) as the embedded engine does.
+  joins them (:func:`~bayesprism.ingest.read.read_traces`) as the embedded engine does. For
+  statistics (:func:`bayesprism.statistics.ingest_statistics`,
+  :mod:`bayesprism.statistics.stream`) the compute rows never come back: the workers reduce
+  them to kernel cells by place key, which come back file by file (cells of different GPUs
+  never merge, so a tree would only gather them) and wait on the client's disk for the kernel
+  signatures; only the collective rows come back as rows (the wait/transfer split needs every
+  participant's), and the inventory is merged by the tree reduction.
 
 So the table is the embedded engine's, row for row. The statistics are the same sums added in
 another order: counts are equal, and floating-point sums equal to the last bit or two (bit for
@@ -31,7 +40,7 @@ Memory. Each worker runs one task at a time (one thread per worker process: pars
 GIL) and at most :data:`AHEAD` files per worker thread are submitted ahead of the client, so a
 worker holds one file being parsed and a few files' rows: bounded by the largest file, not by
 the number of files. The client holds one file's rows at a time (plus the collective rows, as
-the embedded engine does).
+the embedded engine does); reading statistics, it never holds compute rows at all.
 
 On a cluster, every worker must have bayesprism installed and see the trace files at the same
 paths as the client (a shared file system; give absolute paths).
@@ -46,7 +55,7 @@ from collections.abc import Callable, Iterator
 from bayesprism.errors import InputError, Problem, TraceFormatError
 from bayesprism.ingest.dispatch import FileFacts, IngestCollector, read_file
 from bayesprism.ingest.signatures import SignatureStats
-from bayesprism.ingest.summary import SummaryAccumulator
+from bayesprism.ingest.summary import Accumulator
 
 # dask and distributed are optional (`bayesprism[dask]`): imported where the engine is used.
 
@@ -57,8 +66,8 @@ FAN_IN = 16
 #: Files submitted ahead of the client per worker thread (bounds what workers hold).
 AHEAD = 2
 
-#: (summary of the file's rows or None when the caller keeps no summary, its place keys)
-Statistics = tuple[SummaryAccumulator | None, SignatureStats]
+#: (the file's accumulators, in the order of its result, its place keys)
+Statistics = tuple[tuple[Accumulator, ...], SignatureStats]
 
 
 @contextlib.contextmanager
@@ -168,9 +177,9 @@ class DaskReads:
     """Runs :func:`~bayesprism.ingest.dispatch.read_file` tasks on Dask, one per file.
 
     Called with the tasks of :func:`~bayesprism.ingest.dispatch.iter_frames`, it yields their
-    results in task order, each with its statistics taken out (empty summary, no place keys):
-    those are reduced on the cluster, and :meth:`add_totals` adds the reduction to the
-    caller's collector and summary afterwards.
+    results in task order, each with its statistics taken out (empty accumulators, no place
+    keys): those are reduced on the cluster, and :meth:`add_totals` adds the reduction to the
+    caller's collector and accumulators afterwards.
 
     Parameters
     ----------
@@ -254,17 +263,18 @@ class DaskReads:
             for future in pending.values():  # a consumer that stopped early: cancel the rest
                 future.cancel()
 
-    def add_totals(self, collector: IngestCollector,
-                   summary: SummaryAccumulator | None = None) -> None:
+    def add_totals(self, collector: IngestCollector, *accumulators: Accumulator) -> None:
         """Add the reduced statistics of the files read to ``collector`` (place keys) and
-        ``summary`` (rows), what the embedded engine merges file by file."""
+        ``accumulators`` (one per accumulator of a file's result, in order), what the
+        embedded engine merges file by file."""
         if self._total is None:
             return
-        total_summary, signatures = _result(self._total, "the reduction of the statistics")
+        totals, signatures = _result(self._total, "the reduction of the statistics")
         self._total = None
         collector.signature_stats.merge(signatures)
-        if summary is not None and total_summary is not None:
-            summary.merge(total_summary)
+        # no totals when no file was read: strict=False leaves the accumulators empty
+        for target, total in zip(accumulators, totals, strict=False):
+            target.merge(total)
 
 
 class TreeReduction:
@@ -308,39 +318,43 @@ def merge_statistics(*parts: Statistics) -> Statistics:
     --------
     >>> a, b = SignatureStats({"k": 1}, {"k": 2.0}, {"k": 4.0}), SignatureStats({"k": 2},
     ...     {"k": 3.0}, {"k": 5.0})
-    >>> summary, keys = merge_statistics((None, a), (None, b))
-    >>> summary, keys.count, keys.log_sum
-    (None, {'k': 3}, {'k': 5.0})
+    >>> totals, keys = merge_statistics(((), a), ((), b))
+    >>> totals, keys.count, keys.log_sum
+    ((), {'k': 3}, {'k': 5.0})
     """
-    summary = None
+    merged: list[Accumulator] = []
     signatures = SignatureStats()
-    for part_summary, part_signatures in parts:
-        if part_summary is not None:
-            summary = summary or SummaryAccumulator()
-            summary.merge(part_summary)
+    for accumulators, part_signatures in parts:
+        if accumulators and not merged:
+            merged = [type(a)() for a in accumulators]
+        for total, accumulator in zip(merged, accumulators, strict=False):
+            total.merge(accumulator)
         signatures.merge(part_signatures)
-    return summary, signatures
+    return tuple(merged), signatures
 
 
 def _statistics(result: tuple) -> Statistics:
     """The partial statistics of one file's :func:`read_file` result (empty for a bad file)."""
     part, facts, _report, _problems = result
     if facts is None:
-        return None, SignatureStats()
-    summaries = [p for p in part if isinstance(p, SummaryAccumulator)] if isinstance(
-        part, tuple) else []
-    return (summaries[0] if summaries else None), facts.signatures
+        return (), SignatureStats()
+    return _accumulators(part), facts.signatures
+
+
+def _accumulators(part) -> tuple[Accumulator, ...]:
+    """The accumulators of a file's result (a tuple whose other items are rows)."""
+    return tuple(p for p in part if isinstance(p, Accumulator)) if isinstance(
+        part, tuple) else ()
 
 
 def _without_statistics(result: tuple) -> tuple:
-    """One file's :func:`read_file` result without what the reduction carries: an empty
-    summary in place of the file's, its ranks and steps without the place keys."""
+    """One file's :func:`read_file` result without what the reduction carries: empty
+    accumulators in place of the file's, its ranks and steps without the place keys."""
     part, facts, report, problems = result
     if facts is None:
         return result
     if isinstance(part, tuple):
-        part = tuple(SummaryAccumulator() if isinstance(p, SummaryAccumulator) else p
-                     for p in part)
+        part = tuple(type(p)() if isinstance(p, Accumulator) else p for p in part)
     return part, FileFacts(ranks=facts.ranks, steps=facts.steps), report, problems
 
 

@@ -12,7 +12,22 @@ import pandas as pd
 from bayesprism.schema import COLLECTIVE_CLASSES, codes_and_labels
 
 
-class SummaryAccumulator:
+class Accumulator:
+    """Statistics of one file, reduced where the file is read and merged across files.
+
+    A reading's per-file function (``finish`` of :func:`bayesprism.ingest.dispatch.iter_frames`)
+    returns a tuple; its accumulators are merged by the Dask engine's tree reduction on the
+    cluster (:mod:`bayesprism.ingest.distributed`), so that the client never receives them
+    file by file. A subclass is created empty by ``type(self)()`` and merges another of its
+    kind into itself with :meth:`merge`.
+    """
+
+    def merge(self, other: Accumulator) -> None:
+        """Add ``other`` (a later file's) into this one."""
+        raise NotImplementedError
+
+
+class SummaryAccumulator(Accumulator):
     """Incremental summary of trace-table chunks (memory grows with distinct keys only)."""
 
     def __init__(self) -> None:

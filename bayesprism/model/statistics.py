@@ -184,13 +184,15 @@ def check_tables(tables: Sequence[pd.DataFrame]) -> None:
 
 
 def _gpus_per_node(table: pd.DataFrame, run_codes: np.ndarray, run_labels: list[str],
-                   gpu: np.ndarray) -> np.ndarray:
-    """GPUs per node of each row's run: from run metadata, else the largest local index + 1."""
+                   gpu: np.ndarray, stated: dict[str, float] | None = None) -> np.ndarray:
+    """GPUs per node of each row's run: from run metadata, else ``stated``, else the largest
+    local index + 1."""
     runs_meta = table.attrs.get("runs", {}) if isinstance(table.attrs, dict) else {}
     per_run = np.zeros(len(run_labels) + 1, dtype=float)
     for r, label in enumerate(run_labels):
         meta = runs_meta.get(label, {}) if isinstance(runs_meta, dict) else {}
         value = meta.get("gpus_per_node") if isinstance(meta, dict) else None
+        value = value or (stated or {}).get(label)
         if value:
             per_run[r] = float(value)
         else:
@@ -199,8 +201,9 @@ def _gpus_per_node(table: pd.DataFrame, run_codes: np.ndarray, run_labels: list[
     return per_run[run_codes]
 
 
-def _collective_rows(t: pd.DataFrame, classes: np.ndarray, class_labels: list[str]
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _collective_rows(t: pd.DataFrame, classes: np.ndarray, class_labels: list[str],
+                     gpus_per_node: dict[str, float] | None = None
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Collective rows usable by the cost model, every row's tier and nodes spanned.
 
     A row is usable with a collective class, a positive ``transfer_us`` and ``bytes`` and
@@ -230,7 +233,7 @@ def _collective_rows(t: pd.DataFrame, classes: np.ndarray, class_labels: list[st
               & (nbytes > 0) & np.isfinite(group) & (group >= 2))
     run_codes, run_labels = _categorical(t["run"])
     gpu = t["gpu"].to_numpy(dtype=np.int64)
-    per_node = _gpus_per_node(t, run_codes, run_labels, gpu)
+    per_node = _gpus_per_node(t, run_codes, run_labels, gpu, gpus_per_node)
     tier = (np.nan_to_num(group, nan=1.0) > per_node).astype(np.int64)
     nodes = np.maximum(np.ceil(np.nan_to_num(group, nan=1.0) / per_node), 1.0).astype(np.int64)
     named = usable & t["process_group"].notna().to_numpy() if "process_group" in t.columns \
@@ -263,6 +266,9 @@ def table_statistics(tables: Sequence[pd.DataFrame] | pd.DataFrame,
                      keep_rows: bool = False) -> ModelStatistics:
     """Reduce trace tables to the statistics the kernel model reads (module docstring).
 
+    The streaming reduction (:func:`batch_statistics`, :func:`merge_statistics`) applied to
+    one batch: the tables.
+
     Parameters
     ----------
     tables
@@ -290,6 +296,48 @@ def table_statistics(tables: Sequence[pd.DataFrame] | pd.DataFrame,
     >>> stats.kernel_cells[["step", "n"]].to_numpy().tolist()
     [[0, 2], [1, 1]]
     """
+    batch = batch_statistics(tables, keep_rows=keep_rows)
+    merged, cell_of = _merged(batch.kernel_cells, KERNEL_KEYS)
+    collective, _ = _merged(batch.collective_cells, COLLECTIVE_KEYS)
+    return ModelStatistics(
+        kernel_cells=merged, collective_cells=collective, node_cabinets=batch.node_cabinets,
+        benchmark_runs=batch.benchmark_runs,
+        row_cell=None if batch.row_cell is None else cell_of[batch.row_cell],
+        row_log=batch.row_log)
+
+
+def batch_statistics(tables: Sequence[pd.DataFrame] | pd.DataFrame, keep_rows: bool = False,
+                     *, gpus_per_node: dict[str, float] | None = None) -> ModelStatistics:
+    """The statistics of one batch of rows (a file, or whole tables), to be merged with
+    those of other batches by :func:`merge_statistics`.
+
+    Kernel cells are labelled by the ``kernel`` column as given: place keys, in a file read
+    before the kernel signatures are decided across all files (renamed by
+    :func:`merge_statistics`). Cells are sorted as :func:`table_statistics` sorts them.
+
+    Parameters
+    ----------
+    tables, keep_rows
+        As in :func:`table_statistics`.
+    gpus_per_node
+        Run → GPUs per node, where the run metadata lacks it and the batch does not hold all
+        of the run's GPUs (the collective rows of a streamed read): decides the collectives'
+        tiers as the whole table would.
+
+    Returns
+    -------
+    ModelStatistics
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> table = pd.DataFrame({"run": ["r"] * 2, "step": [0, 0], "node": ["n0"] * 2,
+    ...                       "gpu": [0, 0], "kernel": ["k1", "k2"],
+    ...                       "kernel_class": ["gemm"] * 2, "duration_us": [10.0, 20.0]})
+    >>> merge_statistics([batch_statistics(table)], kernels={"k1": "k", "k2": "k"}
+    ...                  ).kernel_cells[["kernel", "n"]].to_numpy().tolist()
+    [['k', 2]]
+    """
     if isinstance(tables, pd.DataFrame):
         tables = [tables]
     tables = list(tables)
@@ -298,7 +346,7 @@ def table_statistics(tables: Sequence[pd.DataFrame] | pd.DataFrame,
             for c in ("run", "node", "kernel", "kernel_class")}
     class_labels = glob["kernel_class"][1]
     usable, tier, nodes = (np.concatenate(parts) for parts in zip(*(
-        _collective_rows(t, glob["kernel_class"][0][i], class_labels)
+        _collective_rows(t, glob["kernel_class"][0][i], class_labels, gpus_per_node)
         for i, t in enumerate(tables)), strict=True))
     fixed_role = np.concatenate([
         t["role"].astype(object).isin(FIXED_GROUP_ROLES).to_numpy() if "role" in t.columns
@@ -351,9 +399,7 @@ def _collective_cells(tables, glob, usable, tier, nodes, run, step, cls) -> pd.D
     """Cells of the usable collectives' log transfer times (module docstring)."""
     idx = np.flatnonzero(usable)
     if not idx.size:
-        return pd.DataFrame({c: [] for c in COLLECTIVE_CELL_COLUMNS}).astype({
-            "tier": np.int64, "group_size": float, "nodes": np.int64, "bytes": float,
-            "step": np.int64, "n": np.int64, "mean_log": float, "ss_log": float})
+        return empty_collective_cells()
     log_transfer = np.log(_numeric(tables, "transfer_us")[idx])
     nbytes, group = _numeric(tables, "bytes")[idx], _numeric(tables, "group_size")[idx]
     algorithms = ("ring", *coll.LOG_ALGORITHMS)
@@ -385,6 +431,146 @@ def _collective_cells(tables, glob, usable, tier, nodes, run, step, cls) -> pd.D
     }, columns=list(COLLECTIVE_CELL_COLUMNS))
 
 
+def merge_statistics(parts: Sequence[ModelStatistics], *,
+                     kernels: dict[str, str] | None = None) -> ModelStatistics:
+    """Statistics of several batches (:func:`batch_statistics`) as one.
+
+    Cells with the same key (after renaming kernels) are merged exactly: counts added, means
+    weighted by counts and the sums of squared deviations pooled,
+    ``SS = Σ SS_i + n_i (m_i − m)²`` (the parallel formula of Chan et al.). A cell found in one
+    batch only is kept as it is, bit for bit, so the merge of a trace's files equals the
+    reduction of its whole table wherever a cell's launches are in one file (every kernel cell
+    is one GPU's, and a GPU's launches are in its rank's file): up to the order of summation
+    where one signature joins several place keys. Cells come out in :func:`table_statistics`'
+    order; launch arrays (``row_cell``) are not kept.
+
+    Parameters
+    ----------
+    parts
+        Statistics of batches, in order.
+    kernels
+        Kernel label → the name the model fits (place key → signature,
+        :func:`bayesprism.ingest.signatures.signature_map`); others are kept.
+
+    Returns
+    -------
+    ModelStatistics
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> table = pd.DataFrame({"run": ["r"] * 3, "step": [0, 0, 0], "node": ["n0"] * 3,
+    ...                       "gpu": [0, 0, 0], "kernel": ["k"] * 3,
+    ...                       "kernel_class": ["gemm"] * 3, "duration_us": [1.0, 2.0, 4.0]})
+    >>> whole = table_statistics(table).kernel_cells
+    >>> parts = merge_statistics([batch_statistics(table.iloc[:1]),
+    ...                           batch_statistics(table.iloc[1:])]).kernel_cells
+    >>> bool(np.allclose(whole[["n", "mean_log", "ss_log"]], parts[["n", "mean_log", "ss_log"]]))
+    True
+    """
+    parts = list(parts)
+    if not parts:
+        raise InputError(Problem("statistics", "", "no batch to merge"))
+    kernel = _concat([p.kernel_cells for p in parts])
+    if kernels and len(kernel):
+        labels, codes = _labels(kernel["kernel"])
+        renamed = np.array([kernels.get(k, k) for k in labels], dtype=object)
+        kernel = kernel.assign(kernel=renamed[codes])
+    cabinets = [p.node_cabinets for p in parts if p.node_cabinets is not None]
+    return ModelStatistics(
+        kernel_cells=_merged(kernel, KERNEL_KEYS)[0],
+        collective_cells=_merged(_concat([p.collective_cells for p in parts]),
+                                 COLLECTIVE_KEYS)[0],
+        node_cabinets=tuple(sorted({c for found in cabinets for c in found})) if cabinets
+        else None,
+        benchmark_runs=tuple(sorted({r for p in parts for r in p.benchmark_runs})))
+
+
+#: The key of a kernel cell, in the order cells are sorted.
+KERNEL_KEYS: tuple[str, ...] = ("kernel", "kernel_class", "node", "gpu", "run", "step",
+                                "usable", "fixed_role")
+#: The key of a collective cell, in the order cells are sorted.
+COLLECTIVE_KEYS: tuple[str, ...] = ("collective", "tier", "algorithm", "group_size", "nodes",
+                                    "bytes", "run", "step")
+#: Strings columns of cells (object arrays in :class:`ModelStatistics`).
+_LABELS = ("run", "node", "kernel", "kernel_class", "collective", "algorithm")
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The frames' rows (empty frames left out: they would change pandas' column types)."""
+    full = [f for f in frames if len(f)] or frames[:1]
+    return full[0] if len(full) == 1 else pd.concat(full, ignore_index=True)
+
+
+def _labels(series: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct labels of a string column and each row's index into them."""
+    if isinstance(series.dtype, pd.CategoricalDtype):
+        return (series.cat.categories.astype(str).to_numpy(dtype=object),
+                series.cat.codes.to_numpy())
+    codes, labels = pd.factorize(series.to_numpy(dtype=object))
+    return np.asarray(labels, dtype=object), codes
+
+
+def _sort_codes(series: pd.Series, column: str) -> np.ndarray:
+    """Integer codes that sort a key column as :func:`batch_statistics` sorts cells."""
+    if column == "algorithm":  # in the order of the collective model's algorithms
+        order = {a: i for i, a in enumerate(("ring", *coll.LOG_ALGORITHMS))}
+        labels, codes = _labels(series)
+        return np.array([order[str(a)] for a in labels], dtype=np.int64)[codes]
+    if column in _LABELS:
+        labels, codes = _labels(series)
+        rank = np.empty(len(labels), dtype=np.int64)
+        rank[np.argsort(labels.astype(str), kind="stable")] = np.arange(len(labels))
+        return rank[codes]
+    return pd.factorize(series.to_numpy(), sort=True)[0]
+
+
+def _merged(cells: pd.DataFrame, keys: Sequence[str]) -> tuple[pd.DataFrame, np.ndarray]:
+    """Cells sorted by ``keys``, those with equal keys merged (:func:`merge_statistics`);
+    and each input cell's row in the result."""
+    if not len(cells):
+        return cells.reset_index(drop=True), np.zeros(0, dtype=np.int64)
+    codes = [_sort_codes(cells[k], k) for k in keys]
+    order = np.lexsort(codes[::-1])
+    ordered = np.stack([c[order] for c in codes])
+    fresh = np.r_[True, (ordered[:, 1:] != ordered[:, :-1]).any(axis=0)]
+    group = np.cumsum(fresh) - 1
+    n = cells["n"].to_numpy(dtype=np.float64)[order]
+    mean = cells["mean_log"].to_numpy(dtype=np.float64)[order]
+    ss = cells["ss_log"].to_numpy(dtype=np.float64)[order]
+    total = np.bincount(group, weights=n)
+    pooled = np.bincount(group, weights=n * mean) / total
+    single = np.bincount(group) == 1
+    # a cell of one batch keeps its mean bit for bit ((n m) / n need not be m)
+    pooled[single] = mean[fresh][single]
+    out = cells.iloc[order[fresh]].reset_index(drop=True)
+    for column in _LABELS:
+        if column in out.columns:
+            out[column] = out[column].astype(str).to_numpy(dtype=object)
+    out["n"] = total.astype(np.int64)
+    if "transfer_n" in out.columns:
+        out["transfer_n"] = np.bincount(group, weights=cells["transfer_n"].to_numpy(
+            dtype=np.float64)[order]).astype(np.int64)
+    out["mean_log"] = pooled
+    out["ss_log"] = np.bincount(group, weights=ss + n * (mean - pooled[group]) ** 2)
+    cell_of = np.empty(len(cells), dtype=np.int64)
+    cell_of[order] = group
+    return out, cell_of
+
+
+def empty_collective_cells() -> pd.DataFrame:
+    """No collective cells, with the columns and types of some.
+
+    Examples
+    --------
+    >>> empty_collective_cells()["n"].dtype
+    dtype('int64')
+    """
+    return pd.DataFrame({c: [] for c in COLLECTIVE_CELL_COLUMNS}).astype({
+        "tier": np.int64, "group_size": float, "nodes": np.int64, "bytes": float,
+        "step": np.int64, "n": np.int64, "mean_log": float, "ss_log": float})
+
+
 def _node_cabinets(tables: Sequence[pd.DataFrame]) -> tuple[tuple[str, str], ...] | None:
     """Distinct (node, cabinet) pairs, None when no table has a cabinet column."""
     pairs = [t[["node", "cabinet"]].dropna().astype(str).drop_duplicates()
@@ -395,5 +581,7 @@ def _node_cabinets(tables: Sequence[pd.DataFrame]) -> tuple[tuple[str, str], ...
     return tuple(sorted(zip(found["node"], found["cabinet"], strict=True)))
 
 
-__all__ = ["COLLECTIVE_CELL_COLUMNS", "FIXED_GROUP_ROLES", "KERNEL_CELL_COLUMNS",
-           "ModelStatistics", "check_tables", "table_statistics"]
+__all__ = ["COLLECTIVE_CELL_COLUMNS", "COLLECTIVE_KEYS", "FIXED_GROUP_ROLES",
+           "KERNEL_CELL_COLUMNS", "KERNEL_KEYS", "ModelStatistics", "batch_statistics",
+           "check_tables", "empty_collective_cells", "merge_statistics",
+           "table_statistics"]

@@ -4,6 +4,11 @@
 (:func:`bayesprism.model.statistics.table_statistics`), the inventory of the traced run and
 the tables' digest, exactly as :func:`bayesprism.fit` computes them from the tables: a fit
 from the statistics is the fit from the tables, draw for draw.
+
+:func:`statistics_of_part` finishes the same statistics from the streamed reduction of trace
+files (:mod:`bayesprism.statistics.stream`), where no table is ever assembled: equal to those
+of the table up to the order of floating-point sums, and digested by their content
+(:func:`statistics_digest`) since there is no table to digest.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ import pandas as pd
 import xarray as xr
 
 from bayesprism.errors import InputError, Problem
-from bayesprism.inventory import is_step_table, kernel_inventory
-from bayesprism.model.statistics import ModelStatistics, table_statistics
+from bayesprism.inventory import inventory_of_parts, is_step_table, kernel_inventory
+from bayesprism.model.statistics import ModelStatistics, merge_statistics, table_statistics
 from bayesprism.schema import select_runs, signature_as_kernel
+from bayesprism.statistics.codec import dataset_to_json
+from bayesprism.statistics.stream import StatisticsPart
 
 #: Run formats of micro-benchmarks: fitted with the traces (they inform collective costs and
 #: the node population) but not part of the traced job whose inventory the forecast replays.
@@ -183,19 +190,133 @@ def statistics_of(tables: Sequence[pd.DataFrame] | pd.DataFrame, *,
                                  "expected a DataFrame or a list of DataFrames",
                                  example=type(tables).__name__))
     tables = [signature_as_kernel(t) for t in tables]
+    refuse_step_tables(tables)
+    model = table_statistics(tables)
+    return TraceStatistics(model=model, inventory=traced_inventory(tables),
+                           input_digest=input_digest(tables), attrs=merged_attrs(tables),
+                           provenance=dict(provenance or {}))
+
+
+def refuse_step_tables(tables: Sequence[pd.DataFrame]) -> None:
+    """Refuse step-level logs: they have no kernel cells to summarise.
+
+    Raises
+    ------
+    InputError
+        Naming the first step-level table.
+
+    Examples
+    --------
+    >>> refuse_step_tables([pd.DataFrame({"kernel_class": ["gemm"]})])
+    """
     step_tables = [i for i, t in enumerate(tables) if "kernel_class" in t and is_step_table(t)]
     if step_tables:
         raise InputError(Problem(
             str(tables[step_tables[0]].attrs.get("source", f"table {step_tables[0]}")),
             "kernel_class", "step-level logs have no kernel cells to summarise: fit the logs "
             "themselves (--spec step)", example="step"))
-    model = table_statistics(tables)
-    return TraceStatistics(model=model, inventory=traced_inventory(tables),
-                           input_digest=input_digest(tables), attrs=_merged_attrs(tables),
-                           provenance=dict(provenance or {}))
 
 
-def _merged_attrs(tables: list[pd.DataFrame]) -> dict:
+def statistics_of_part(part: StatisticsPart, attrs: dict, *,
+                       kernels: dict[str, str] | None = None,
+                       provenance: dict | None = None) -> TraceStatistics:
+    """The statistics of streamed trace files (:mod:`bayesprism.statistics.stream`).
+
+    Parameters
+    ----------
+    part
+        The merged statistics of every file and table read.
+    attrs
+        Their run metadata, skips and notes (``runs``, ``skipped``, ``notes``).
+    kernels
+        Place key → kernel signature (:func:`bayesprism.ingest.signatures.signature_map`).
+    provenance
+        As in :func:`statistics_of`.
+
+    Returns
+    -------
+    TraceStatistics
+        With ``input_digest`` the :func:`statistics_digest` of the statistics.
+
+    Raises
+    ------
+    InputError
+        No kernel-level rows.
+
+    Examples
+    --------
+    >>> table = pd.DataFrame({"run": ["r"] * 2, "step": [0, 1], "node": ["n0"] * 2,
+    ...                       "gpu": [0, 0], "kernel": ["k"] * 2, "rank": [0, 0],
+    ...                       "kernel_class": ["gemm"] * 2, "duration_us": [1.0, 2.0]})
+    >>> stats = statistics_of_part(StatisticsPart.of(table), {})
+    >>> stats.summary()["launches"]
+    2
+    """
+    if not part.cells:
+        raise InputError(Problem("statistics", "", "no kernel-level rows to summarise"))
+    model = merge_statistics(part.cells, kernels=kernels)
+    runs = {str(r) for r in model.kernel_cells["run"].unique()}
+    metas = attrs.get("runs") or {}
+    bench = {r for r, meta in metas.items() if (meta or {}).get("benchmark")}
+    model = ModelStatistics(model.kernel_cells, model.collective_cells, model.node_cabinets,
+                            tuple(sorted(set(model.benchmark_runs) | bench)))
+    inventory = inventory_of_parts(part.inventory, attrs, mapping=kernels,
+                                   runs=traced_runs(attrs, runs))
+    merged = {"runs": dict(metas), "skipped": dict(attrs.get("skipped") or {}),
+              "notes": [str(n) for n in attrs.get("notes") or []]}
+    return TraceStatistics(model=model, inventory=inventory,
+                           input_digest=statistics_digest(model, inventory, merged),
+                           attrs=merged, provenance=dict(provenance or {}))
+
+
+def traced_runs(attrs: dict, runs: set[str]) -> set[str]:
+    """The runs of the traced job: ``runs`` without micro-benchmarks (all of them when every
+    run is one), as :func:`traced_inventory` selects them.
+
+    Examples
+    --------
+    >>> sorted(traced_runs({"runs": {"b": {"format": "nccl-tests"}}}, {"a", "b"}))
+    ['a']
+    """
+    metas = attrs.get("runs") or {}
+    bench = {r for r in runs if (metas.get(r) or {}).get("benchmark")
+             or (metas.get(r) or {}).get("format") in BENCHMARK_FORMATS}
+    return (runs - bench) or runs
+
+
+def statistics_digest(model: ModelStatistics, inventory: xr.Dataset, attrs: dict) -> str:
+    """SHA-256 (16 hex digits) of statistics: their cells, inventory and run metadata.
+
+    The digest of streamed statistics, whose table is never assembled: the same files read
+    by either engine give the same digest.
+
+    Examples
+    --------
+    >>> table = pd.DataFrame({"run": ["r"], "step": [0], "node": ["n0"], "gpu": [0],
+    ...                       "kernel": ["k"], "kernel_class": ["gemm"],
+    ...                       "duration_us": [1.0], "rank": [0]})
+    >>> stats = statistics_of(table)
+    >>> len(statistics_digest(stats.model, stats.inventory, stats.attrs))
+    16
+    """
+    digest = hashlib.sha256()
+    for cells in (model.kernel_cells, model.collective_cells):
+        digest.update(json.dumps([[str(c), str(t)] for c, t in cells.dtypes.items()]).encode())
+        digest.update(pd.util.hash_pandas_object(cells, index=False).to_numpy().tobytes())
+    digest.update(json.dumps([model.node_cabinets, model.benchmark_runs, attrs,
+                              dataset_to_json(inventory)], sort_keys=True,
+                             default=str).encode())
+    return digest.hexdigest()[:16]
+
+
+def merged_attrs(tables: list[pd.DataFrame]) -> dict:
+    """The run metadata, skips and notes of several tables as one ``attrs``.
+
+    Examples
+    --------
+    >>> merged_attrs([])
+    {'runs': {}, 'skipped': {}, 'notes': []}
+    """
     runs: dict = {}
     skipped: dict = {}
     notes: list = []
@@ -207,5 +328,6 @@ def _merged_attrs(tables: list[pd.DataFrame]) -> dict:
     return {"runs": runs, "skipped": skipped, "notes": notes}
 
 
-__all__ = ["BENCHMARK_FORMATS", "TraceStatistics", "input_digest", "statistics_of",
-           "traced_inventory"]
+__all__ = ["BENCHMARK_FORMATS", "TraceStatistics", "input_digest", "merged_attrs",
+           "refuse_step_tables", "statistics_digest", "statistics_of", "statistics_of_part",
+           "traced_inventory", "traced_runs"]
