@@ -174,6 +174,32 @@ def _major(text: object) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def check_package_version(written: object, source: str, stacklevel: int = 2) -> None:
+    """Refuse an artifact written by a newer major version of bayesprism, or with no version.
+
+    Warn (``ArtifactWarning``) when it was written by another version.
+
+    Examples
+    --------
+    >>> check_package_version(__version__, "post.nc")
+    >>> check_package_version("99.0", "post.nc")
+    Traceback (most recent call last):
+    ...
+    bayesprism.errors.ArtifactError: post.nc: bayesprism_version: written by a newer major ...
+    """
+    written = str(written)
+    if _major(written) is None:
+        raise ArtifactError(Problem(source, "bayesprism_version", "is not a version number: "
+                                    "the file was altered", example=written))
+    if _major(written) > (_major(__version__) or 0):
+        raise ArtifactError(Problem(source, "bayesprism_version",
+                                    f"written by a newer major version; this is bayesprism "
+                                    f"{__version__}: upgrade bayesprism", example=written))
+    if written != __version__:
+        warnings.warn(f"{source}: written by bayesprism {written}, read by {__version__}",
+                      ArtifactWarning, stacklevel=stacklevel + 1)
+
+
 def check_artifact(tree: xr.DataTree, source: str = "artifact", expect: str | None = None
                    ) -> None:
     """Refuse a tree that is not a current bayesprism artifact (see :func:`load`)."""
@@ -186,17 +212,7 @@ def check_artifact(tree: xr.DataTree, source: str = "artifact", expect: str | No
         writer = f" (written by `{ARTIFACT_KINDS[found]}`)" if found in ARTIFACT_KINDS else ""
         raise ArtifactError(Problem(source, "", f"is a {found}{writer}, expected a {expect} "
                                     f"(written by `{ARTIFACT_KINDS[expect]}`)"))
-    written = str(attrs["bayesprism_version"])
-    if _major(written) is None:
-        raise ArtifactError(Problem(source, "bayesprism_version", "is not a version number: "
-                                    "the file was altered", example=written))
-    if _major(written) > (_major(__version__) or 0):
-        raise ArtifactError(Problem(source, "bayesprism_version",
-                                    f"written by a newer major version; this is bayesprism "
-                                    f"{__version__}: upgrade bayesprism", example=written))
-    if written != __version__:
-        warnings.warn(f"{source}: written by bayesprism {written}, read by {__version__}",
-                      ArtifactWarning, stacklevel=3)
+    check_package_version(attrs["bayesprism_version"], source, stacklevel=4)
     version = attrs.get("schema_version")
     version = version.item() if hasattr(version, "item") else version
     if version is None or str(version) != str(ARTIFACT_SCHEMA_VERSION):

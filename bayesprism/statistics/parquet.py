@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import warnings
 import zlib
 from pathlib import Path
 
@@ -29,7 +28,8 @@ import numpy as np
 import pandas as pd
 
 from bayesprism._version import __version__
-from bayesprism.errors import ArtifactError, ArtifactWarning, Problem
+from bayesprism.errors import ArtifactError, Problem
+from bayesprism.io import check_package_version
 from bayesprism.model.statistics import (
     COLLECTIVE_CELL_COLUMNS,
     KERNEL_CELL_COLUMNS,
@@ -57,7 +57,6 @@ COLUMN_TYPES: dict[str, str] = {
     "mean_log": "float64", "ss_log": "float64",
 }
 WRITER = "bayesprism ingest --statistics"
-_VERSION = re.compile(r"^(\d+)\.(\d+)")
 
 
 def _schema():
@@ -248,11 +247,6 @@ def _json(raw: bytes, source: str, key: str) -> dict:
     return value
 
 
-def _major(text: object) -> int | None:
-    match = _VERSION.match(str(text))
-    return int(match.group(1)) if match else None
-
-
 def _check_header(header: dict, source: str) -> None:
     """Kind, schema version, package version and digest of a statistics header."""
     if header.get("kind") != KIND:
@@ -264,17 +258,7 @@ def _check_header(header: dict, source: str) -> None:
             source, "schema_version", f"is not supported; this bayesprism reads version "
             f"{STATISTICS_SCHEMA_VERSION}: write the statistics again with `{WRITER}`",
             example=version))
-    written = header.get("bayesprism_version")
-    if _major(written) is None:
-        raise ArtifactError(Problem(source, "bayesprism_version", "is not a version number: "
-                                    "the file was altered", example=written))
-    if _major(written) > (_major(__version__) or 0):
-        raise ArtifactError(Problem(source, "bayesprism_version",
-                                    f"written by a newer major version; this is bayesprism "
-                                    f"{__version__}: upgrade bayesprism", example=written))
-    if written != __version__:
-        warnings.warn(f"{source}: written by bayesprism {written}, read by {__version__}",
-                      ArtifactWarning, stacklevel=4)
+    check_package_version(header.get("bayesprism_version"), source, stacklevel=4)
     digest = header.get("input_digest")
     if digest is None:
         raise ArtifactError(Problem(source, "input_digest", "is missing: the file was altered"))
