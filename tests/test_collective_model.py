@@ -278,6 +278,20 @@ def test_tiers_from_group_size_and_spanning_process_groups_not_roles():
     assert prepare([table], ModelSpec()).data["coll_observed_tiers"].tolist() == [[True, False]]
 
 
+def test_a_send_recv_spans_two_nodes_whatever_its_process_group_spans():
+    """A pipeline group spans a node per stage, but each send/recv crosses one link between
+    two of them, as the forecast costs it: the fabric exponent's argument is log(2 / 2) = 0.
+    It was log(4 / 2) on the dev job, which tied the send/recv level to the exponent (posterior
+    correlation -0.69, the whitened coordinate at sd 2.4)."""
+    table = collective_table([(2, 8e6)], latency=(5.0, 10.0), bandwidth=(100.0, 40.0),
+                             steps=2, launches=4, kind="sendrecv")
+    table["process_group"] = "pp"
+    table["node"] = [f"n0{i % 4}" for i in range(len(table))]  # a 4-stage group, 4 nodes
+    d = prepare([table], ModelSpec()).data
+    assert d["coll_cell_tier"].tolist() == [1] * len(d["coll_cell_tier"])
+    assert np.all(d["coll_cell_log_nodes_rel"] == 0.0)
+
+
 def test_benchmark_runs_get_noise_and_congestion_of_their_own():
     lat, bw = (3.0, 8.0), (350.0, 45.0)
     job = collective_table([(8, 6.4e7), (16, 4.3e8)], latency=lat, bandwidth=bw, steps=8,

@@ -214,7 +214,7 @@ def _collective_rows(t: pd.DataFrame, classes: np.ndarray, class_labels: list[st
     ``group_size`` 2 is inter-node when its process group's rows come from two nodes. The nodes
     a row's group spans are the larger of ``ceil(group_size / gpus_per_node)`` and its process
     group's nodes in this table (a data-parallel group of one GPU per node spans as many nodes
-    as it has ranks).
+    as it has ranks); a send/recv spans at most two.
 
     Returns
     -------
@@ -252,6 +252,11 @@ def _collective_rows(t: pd.DataFrame, classes: np.ndarray, class_labels: list[st
         )
         tier[named] = np.maximum(tier[named], (spans > 1).astype(np.int64))
         nodes[named] = np.maximum(nodes[named], spans)
+    # A send/recv moves its bytes between two ranks, over one link whatever its process group
+    # spans (a pipeline group spans a node per stage): at most two nodes, as the forecast
+    # costs it; the fabric exponent's argument was log(4 / 2) for the dev job's.
+    is_p2p = np.array([c == "sendrecv" for c in class_labels] + [False])[classes]
+    nodes[is_p2p] = np.minimum(nodes[is_p2p], 2)
     return usable, tier, nodes
 
 
