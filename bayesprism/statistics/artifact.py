@@ -26,7 +26,7 @@ from bayesprism.inventory import inventory_of_parts, is_step_table, kernel_inven
 from bayesprism.model.statistics import ModelStatistics, merge_statistics, table_statistics
 from bayesprism.schema import select_runs, signature_as_kernel
 from bayesprism.statistics.codec import dataset_to_json
-from bayesprism.statistics.stream import StatisticsPart
+from bayesprism.statistics.stream import StatisticsPart, step_logs_error
 
 #: Run formats of micro-benchmarks: fitted with the traces (they inform collective costs and
 #: the node population) but not part of the traced job whose inventory the forecast replays.
@@ -106,6 +106,18 @@ def input_digest(tables: Sequence[pd.DataFrame]) -> str:
     return digest.hexdigest()[:16]
 
 
+def is_benchmark_run(meta: dict | None) -> bool:
+    """Whether a run's metadata marks a micro-benchmark (flag or format), not the traced job.
+
+    Examples
+    --------
+    >>> is_benchmark_run({"format": "nccl-tests"}), is_benchmark_run(None)
+    (True, False)
+    """
+    meta = meta or {}
+    return bool(meta.get("benchmark")) or meta.get("format") in BENCHMARK_FORMATS
+
+
 def _traced_tables(tables: list[pd.DataFrame]) -> list[pd.DataFrame]:
     """The tables (or runs) of the traced job, without micro-benchmark runs.
 
@@ -114,8 +126,7 @@ def _traced_tables(tables: list[pd.DataFrame]) -> list[pd.DataFrame]:
     out = []
     for table in tables:
         runs = table.attrs.get("runs") or {}
-        bench = {r for r, meta in runs.items() if (meta or {}).get("benchmark")
-                 or (meta or {}).get("format") in BENCHMARK_FORMATS}
+        bench = {r for r, meta in runs.items() if is_benchmark_run(meta)}
         if not bench:
             out.append(table)
         elif len(bench) < len(runs):
@@ -128,12 +139,8 @@ def _combined_table(tables: list[pd.DataFrame]) -> pd.DataFrame:
     if len(tables) == 1:
         return tables[0]
     combined = pd.concat(tables, ignore_index=True)
-    runs: dict = {}
-    notes: list = []
-    for t in tables:
-        runs.update(t.attrs.get("runs") or {})
-        notes.extend(t.attrs.get("notes") or [])
-    combined.attrs = {**tables[0].attrs, "runs": runs, "notes": notes}
+    merged = merged_attrs(tables)
+    combined.attrs = {**tables[0].attrs, "runs": merged["runs"], "notes": merged["notes"]}
     return combined
 
 
@@ -211,10 +218,8 @@ def refuse_step_tables(tables: Sequence[pd.DataFrame]) -> None:
     """
     step_tables = [i for i, t in enumerate(tables) if "kernel_class" in t and is_step_table(t)]
     if step_tables:
-        raise InputError(Problem(
-            str(tables[step_tables[0]].attrs.get("source", f"table {step_tables[0]}")),
-            "kernel_class", "step-level logs have no kernel cells to summarise: fit the logs "
-            "themselves (--spec step)", example="step"))
+        raise step_logs_error(
+            str(tables[step_tables[0]].attrs.get("source", f"table {step_tables[0]}")))
 
 
 def statistics_of_part(part: StatisticsPart, attrs: dict, *,
@@ -279,9 +284,7 @@ def traced_runs(attrs: dict, runs: set[str]) -> set[str]:
     ['a']
     """
     metas = attrs.get("runs") or {}
-    bench = {r for r in runs if (metas.get(r) or {}).get("benchmark")
-             or (metas.get(r) or {}).get("format") in BENCHMARK_FORMATS}
-    return (runs - bench) or runs
+    return {r for r in runs if not is_benchmark_run(metas.get(r))} or runs
 
 
 def statistics_digest(model: ModelStatistics, inventory: xr.Dataset, attrs: dict) -> str:
@@ -328,6 +331,7 @@ def merged_attrs(tables: list[pd.DataFrame]) -> dict:
     return {"runs": runs, "skipped": skipped, "notes": notes}
 
 
-__all__ = ["BENCHMARK_FORMATS", "TraceStatistics", "input_digest", "merged_attrs",
+__all__ = ["BENCHMARK_FORMATS", "TraceStatistics", "input_digest", "is_benchmark_run",
+           "merged_attrs",
            "refuse_step_tables", "statistics_digest", "statistics_of", "statistics_of_part",
            "traced_inventory", "traced_runs"]

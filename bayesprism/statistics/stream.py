@@ -129,10 +129,7 @@ def file_statistics(df: pd.DataFrame) -> tuple:
     if "kernel_class" in df and is_step_table(df):
         sources = [f for meta in (df.attrs.get("runs") or {}).values()
                    for f in (meta or {}).get("source_files") or []]
-        raise InputError(Problem(
-            sources[0] if sources else "statistics", "kernel_class",
-            "step-level logs have no kernel cells to summarise: fit the logs themselves "
-            "(--spec step)", example="step"))
+        raise step_logs_error(sources[0] if sources else "statistics")
     coll = dispatch.collective_mask(df)
     named = signature_as_kernel(df)
     part = StatisticsPart()
@@ -141,6 +138,19 @@ def file_statistics(df: pd.DataFrame) -> tuple:
     part.inventory.frames["launches"] = []
     cells = None if coll.all() else _compact(batch_statistics(named.loc[~coll]).kernel_cells)
     return (df.loc[coll] if coll.any() else None), cells, launches, part
+
+
+def step_logs_error(source: str) -> InputError:
+    """The error for step-level logs given where statistics are made.
+
+    Examples
+    --------
+    >>> str(step_logs_error("log.txt")).startswith("log.txt: kernel_class")
+    True
+    """
+    return InputError(Problem(
+        source, "kernel_class", "step-level logs have no kernel cells to summarise: fit the "
+        "logs themselves (--spec step)", example="step"))
 
 
 def _compact(cells: pd.DataFrame) -> pd.DataFrame:
@@ -319,4 +329,4 @@ def _gpus_per_run(part: StatisticsPart) -> dict[str, float]:
     return gpus
 
 
-__all__ = ["StatisticsPart", "file_statistics", "stream_statistics"]
+__all__ = ["StatisticsPart", "file_statistics", "step_logs_error", "stream_statistics"]
