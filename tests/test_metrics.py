@@ -118,3 +118,28 @@ def test_score_has_every_metric_and_rejects_bad_shapes():
         metrics.score(np.ones((10, 3)), [1.0, 2.0])
     with pytest.raises(ValueError, match="finite"):
         metrics.score([1.0, np.nan], [1.0])
+
+
+def test_level_and_shape_separate_a_level_miss_from_a_spread_miss():
+    """A step forecast that integrates over an unknown level scores badly on pooled KS and
+    coverage against one layout's steps even when its spread around the level is right; the
+    split names which of the two misses (the MLPerf GPT-3 ladder: a level miss)."""
+    rng = np.random.default_rng(1)
+    observed = np.exp(0.01 * rng.standard_normal(2000))
+    noise = np.exp(0.01 * stats.norm.ppf((np.arange(64) + 0.5) / 64))[None, :]
+    # right spread, level uncertain by 5 % (sd) and 6 % high: pooled scores fail, shape passes
+    levels = np.exp(0.06 + 0.05 * rng.standard_normal(500))[:, None]
+    pooled = metrics.score((levels * noise).ravel(), observed)
+    split = metrics.level_and_shape(levels * noise, observed)
+    assert pooled["ks"] > 0.3 and pooled["coverage_90"] > 0.97
+    assert split["level_error"] == pytest.approx(0.06, abs=0.01)
+    assert split["level_lo"] < 0 < split["level_hi"]
+    assert split["shape_ks"] < 0.05
+    assert split["shape_coverage_90"] == pytest.approx(0.9, abs=0.03)
+    # right level, spread a third of the measured one: the shape scores say so
+    narrow = np.broadcast_to(noise ** (1 / 3), (500, 64))
+    split = metrics.level_and_shape(narrow, observed)
+    assert abs(split["level_error"]) < 0.002
+    assert split["shape_coverage_90"] < 0.5 and split["shape_ks"] > 0.2
+    with pytest.raises(ValueError, match="replicates"):
+        metrics.level_and_shape(noise.ravel(), observed)
