@@ -143,3 +143,36 @@ def test_level_and_shape_separate_a_level_miss_from_a_spread_miss():
     assert split["shape_coverage_90"] < 0.5 and split["shape_ks"] > 0.2
     with pytest.raises(ValueError, match="replicates"):
         metrics.level_and_shape(noise.ravel(), observed)
+
+
+def _clusters(rng, n: int, steps: int, level_sd: float, shift: float = 0.0) -> np.ndarray:
+    """Clusters of steps: a lognormal level per cluster, 1 % step noise around it."""
+    return np.exp(shift + level_sd * rng.standard_normal((n, 1))
+                  + 0.01 * rng.standard_normal((n, steps)))
+
+
+def test_cluster_sample_check_tells_chance_from_a_wrong_spread_or_level():
+    """A truth of 12 clusters x 150 steps: drawn from the forecast itself, its KS and cluster
+    spread sit inside their sampling distributions; clusters ten times closer than the
+    forecast's, or all 3 % slower, are flagged (the dev scenario: traces-only forecasts whose
+    clusters differ 3x more than the truth's)."""
+    rng = np.random.default_rng(3)
+    forecast = _clusters(rng, 400, 150, 0.01)
+    pooled = forecast[:, :8].ravel()
+
+    def check(truth):
+        return metrics.cluster_sample_check(pooled, forecast, list(truth), resamples=300)
+
+    calibrated = check(_clusters(rng, 12, 150, 0.01))
+    # (a calibrated sample falls below 0.01 on either side 1 % of the time)
+    assert calibrated["ks_p_value"] > 0.01
+    assert 0.01 < calibrated["spread_p_low"] and 0.01 < calibrated["spread_p_high"]
+    assert calibrated["ks_null_q50"] > 0.05  # a calibrated 12-cluster sample is far from 0
+    tight = check(_clusters(rng, 12, 150, 0.001))
+    assert tight["spread_p_low"] < 0.01
+    slow = check(_clusters(rng, 12, 150, 0.01, shift=0.03))
+    assert slow["ks_p_value"] < 0.01 and slow["ks"] > slow["ks_null_q90"]
+    with pytest.raises(ValueError, match="150 steps, an observed one 200"):
+        metrics.cluster_sample_check(pooled, forecast, [np.ones(200)])
+    with pytest.raises(ValueError, match="at least 12 simulated"):
+        metrics.cluster_sample_check(pooled, forecast[:5], list(forecast[:12]))

@@ -317,3 +317,98 @@ def level_and_shape(predicted, observed) -> dict[str, float]:
             "shape_ks": ks_distance(moved, obs),
             "shape_coverage_90": interval_coverage(moved, obs, 0.9),
             "shape_p95_error": quantile_error(moved, obs, 0.95)}
+
+
+def cluster_sample_check(reference, clusters, observed_clusters: Sequence, *,
+                         resamples: int = 500, random_seed: int = 0) -> dict[str, float]:
+    """How the scores against a clustered truth compare with those of the forecast itself.
+
+    A truth made of a few clusters (new random nodes, many steps each) is a small sample: its
+    steps share each cluster's nodes. A forecast scored against it can miss a KS goal by
+    chance alone, and a wrong spread between clusters hides in the pooled scores. Here
+    ``len(observed_clusters)`` whole clusters are drawn from the forecast's own simulated ones,
+    each cut to its observed cluster's length, and scored against the pooled forecast; the
+    observed sample is compared with that sampling distribution:
+
+    * ``ks`` and ``ks_null_q50`` / ``ks_null_q90``: the observed KS distance and the median /
+      90th percentile of a calibrated sample's; ``ks_p_value``: the share of calibrated
+      samples at least as far off (small: the miss is the forecast's, not chance);
+    * ``spread`` and ``spread_null_q50``: the interquartile range of the clusters' median
+      steps relative to their median, observed and the forecast's typical one;
+      ``spread_p_low`` / ``spread_p_high``: the shares of calibrated samples at most / at
+      least as spread (small ``spread_p_low``: the forecast's clusters differ more than the
+      truth's).
+
+    Parameters
+    ----------
+    reference
+        The pooled predictive draws of one step (1-D), e.g. ``step_time_s`` of the plan.
+    clusters
+        Simulated clusters of the same forecast, shape ``(n_clusters, n_steps)``: each row one
+        cluster on new nodes and its consecutive steps, at least as many steps as the
+        longest observed cluster.
+    observed_clusters
+        The truth's clusters: one 1-D array of step times per cluster.
+    resamples
+        Calibrated samples drawn.
+    random_seed
+        Seed of the resampling.
+
+    Returns
+    -------
+    dict
+        ``ks``, ``ks_null_q50``, ``ks_null_q90``, ``ks_p_value``, ``spread``,
+        ``spread_null_q50``, ``spread_p_low`` and ``spread_p_high`` as floats.
+
+    Raises
+    ------
+    ValueError
+        Fewer simulated clusters than observed ones, simulated clusters shorter than an
+        observed one, or values that are not finite.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(1)
+    >>> def simulate(n, spread):  # cluster levels, then steps around them
+    ...     return np.exp(spread * rng.standard_normal((n, 1))
+    ...                   + 0.01 * rng.standard_normal((n, 100)))
+    >>> forecast = simulate(400, 0.02)
+    >>> truth = list(simulate(12, 0.002))           # clusters 10x closer than forecast
+    >>> check = cluster_sample_check(forecast.ravel(), forecast, truth, resamples=200)
+    >>> check["spread_p_low"] < 0.01
+    True
+    """
+    pooled = np.asarray(reference, dtype=float).reshape(-1)
+    simulated = np.asarray(clusters, dtype=float)
+    observed = [np.asarray(c, dtype=float).reshape(-1) for c in observed_clusters]
+    if simulated.ndim != 2 or simulated.shape[0] < len(observed):
+        raise ValueError(f"need (clusters, steps) with at least {len(observed)} simulated "
+                         f"clusters, got shape {simulated.shape}")
+    longest = max(c.size for c in observed)
+    if simulated.shape[1] < longest:
+        raise ValueError(f"simulated clusters have {simulated.shape[1]} steps, an observed one "
+                         f"{longest}")
+    _as_arrays(pooled, np.concatenate(observed))
+    _as_arrays(simulated.reshape(-1), np.concatenate(observed))
+
+    def spread(groups) -> float:
+        medians = np.array([np.median(g) for g in groups])
+        q25, q50, q75 = np.quantile(medians, [0.25, 0.5, 0.75])
+        return float((q75 - q25) / q50)
+
+    rng = np.random.default_rng(random_seed)
+    null_ks, null_spread = np.empty(resamples), np.empty(resamples)
+    for i in range(resamples):
+        picked = [simulated[j, :c.size] for j, c in
+                  zip(rng.choice(simulated.shape[0], len(observed), replace=False), observed,
+                      strict=True)]
+        null_ks[i] = ks_distance(pooled, np.concatenate(picked))
+        null_spread[i] = spread(picked)
+    ks = ks_distance(pooled, np.concatenate(observed))
+    observed_spread = spread(observed)
+    return {"ks": ks, "ks_null_q50": float(np.median(null_ks)),
+            "ks_null_q90": float(np.quantile(null_ks, 0.9)),
+            "ks_p_value": float(np.mean(null_ks >= ks)),
+            "spread": observed_spread, "spread_null_q50": float(np.median(null_spread)),
+            "spread_p_low": float(np.mean(null_spread <= observed_spread)),
+            "spread_p_high": float(np.mean(null_spread >= observed_spread))}
