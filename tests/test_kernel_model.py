@@ -119,8 +119,9 @@ def _ragged(table: pd.DataFrame, kind: str) -> pd.DataFrame:
     ("missing blocks", ("node", "gpu", "step", "gpustep")),
 ])
 def test_block_layouts_give_the_same_likelihood(small_table, kind, levels, monkeypatch):
-    """Blocks as a padded (GPU × step) grid or one per GPU-step, launch counts by pattern or
-    dense: the same exact likelihood (and, without GPU×step effects, that of the launches)."""
+    """Blocks as a padded (GPU × step) grid, one per GPU-step or one per (GPU-step, class) pair
+    with launches, launch counts by pattern or dense: the same exact likelihood (and, without
+    GPU×step effects, that of the launches)."""
     import bayesprism.model.kernel as kernel_module
 
     table = _ragged(small_table, kind)
@@ -132,9 +133,15 @@ def test_block_layouts_give_the_same_likelihood(small_table, kind, levels, monke
     assert ("count_pattern" in grid_model.coords) == (kind == "missing blocks")
     assert ("launch_count" in grid_model.named_vars) == (kind == "dropped launches")
     monkeypatch.setattr(kernel_module, "GRID_PADDING", 0.0)
+    monkeypatch.setattr(kernel_module, "SPARSE_FILL", 0.0)
     row_layout = build_kernel(prepared, spec)
     assert len(row_layout.coords["block"]) == len(prepared.coords["gpustep"])
-    models = [grid_model, row_layout]
+    # only the (GPU-step, class) pairs with launches (a per-GPU benchmark beside a job)
+    monkeypatch.setattr(kernel_module, "SPARSE_FILL", 2.0)
+    pairs = build_kernel(prepared, spec)
+    assert "block" not in pairs.coords and len(pairs.coords["pair"]) == np.count_nonzero(
+        prepared.data["block_n"])
+    models = [grid_model, row_layout, pairs]
     if "gpustep" not in levels:
         models.append(build_kernel(prepared, spec, rows=True))  # launches, the reference
 

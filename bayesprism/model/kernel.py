@@ -79,6 +79,9 @@ DENSE_FILL = 0.25
 DENSE_MAX = 20_000_000
 #: Largest (GPUs × steps) / GPU-steps ratio for which blocks are laid out as a full grid.
 GRID_PADDING = 2.0
+#: Share of (GPU-step, kernel class) pairs with launches below which the collapsed likelihood
+#: keeps only those pairs rather than a dense (GPU-step × class) array.
+SPARSE_FILL = 0.5
 #: Largest table the row-level (Student-t, mixture) likelihoods accept.
 MAX_ROWS = 2_000_000
 #: Bound of the logit of a collective's latency share where it starts (|s| ≤ 20: shares
@@ -923,6 +926,10 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     # add nothing), else one row per GPU-step.
     position = d["gpustep_gpu"] * n_step + d["gpustep_step"]
     grid = n_gpu * n_step <= GRID_PADDING * n_gs
+    if not grid and np.count_nonzero(d["block_n"]) < SPARSE_FILL * d["block_n"].size:
+        _sparse_loglik(d, cls, cell_n, cell_kernel, a_free, gpu_part, step_part, resid,
+                       gpustep, gpustep_ref, spec)
+        return
     n_blocks = n_gpu * n_step if grid else n_gs
     if grid:
         beta = (gpu_part[:, None, :] + step_part[None, :, :]).reshape((n_blocks, n_classes))
@@ -981,6 +988,52 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
         resid_block = r0 - block_n * beta
         a_gs = pt.sum(resid_block * (gpustep / var)[None, :], axis=1)
         b_gs = pt.sum(block_n * (gpustep**2 / var)[None, :], axis=1)
+        core = -0.5 * pt.log1p(b_gs) + a_gs**2 / (2.0 * (1.0 + b_gs))
+        if spec.population("gpustep") == "degraded":
+            core = _episode_marginal(core, a_gs, b_gs, gpustep_ref, spec, episode_start(d))
+        logp = logp + pt.sum(core)
+    pm.Potential("kernel_loglik", logp)
+
+
+def _sparse_loglik(d: dict, cls: np.ndarray, cell_n, cell_kernel, a_free, gpu_part, step_part,
+                   resid, gpustep, gpustep_ref, spec: ModelSpec) -> None:
+    """The collapsed likelihood of :func:`_kernel_part` on the (GPU-step, kernel class) pairs
+    with launches only: the same sums, for fits where most GPU-steps run few of the classes
+    (a per-GPU benchmark's sessions beside a traced job: dev traces with the fleet GEMM
+    benchmark fill 15 % of the dense array)."""
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    n_gs, n_classes = d["block_n"].shape
+    gs, klass = np.nonzero(d["block_n"])
+    pair_of = np.full((n_gs, n_classes), -1, dtype=np.int64)
+    pair_of[gs, klass] = np.arange(gs.size)
+    pm.modelcontext(None).add_coord("pair", list(range(gs.size)))
+    pair_n = pm.Data("pair_n", d["block_n"][gs, klass], dims="pair")
+    pair_dev = pm.Data("pair_dev_log", d["block_dev"][gs, klass], dims="pair")
+    pair_gs = pm.Data("pair_gpustep", gs, dims="pair")
+    gpu_index = pm.Data("pair_gpu_part", d["gpustep_gpu"][gs] * n_classes + klass, dims="pair")
+    step_index = pm.Data("pair_step_part", d["gpustep_step"][gs] * n_classes + klass,
+                         dims="pair")
+    cell_pair = pm.Data("cell_pair", pair_of[d["cell_gpustep"], cls[d["cell_kernel"]]],
+                        dims="cell")
+    beta = gpu_part.ravel()[gpu_index] + step_part.ravel()[step_index]
+    delta = d["kernel_mean"] - a_free
+    r0 = pair_dev + segment_sum(cell_n * delta[cell_kernel], cell_pair, gs.size)
+    # sums over a pair's class and gathers of per-class values as products with the pairs'
+    # one-hot classes: dense, where a scatter-add and its gradient cost several times more
+    one_hot = pm.Data("pair_class_one_hot", np.eye(n_classes)[klass], dims=("pair", "kernel_class"))
+    quad = (
+        d["class_q"]
+        + segment_sum(d["kernel_n"] * delta**2, cls, n_classes)
+        + pt.dot(pair_n * beta**2 - 2.0 * beta * r0, one_hot)
+    )
+    var = resid**2
+    logp = pt.sum(-d["class_n"] * pt.log(resid) - quad / (2.0 * var))
+    logp = logp - 0.5 * float(d["class_n"].sum()) * np.log(2.0 * np.pi)
+    if gpustep is not None:
+        a_gs = segment_sum((r0 - pair_n * beta) * pt.dot(one_hot, gpustep / var), pair_gs, n_gs)
+        b_gs = segment_sum(pair_n * pt.dot(one_hot, gpustep**2 / var), pair_gs, n_gs)
         core = -0.5 * pt.log1p(b_gs) + a_gs**2 / (2.0 * (1.0 + b_gs))
         if spec.population("gpustep") == "degraded":
             core = _episode_marginal(core, a_gs, b_gs, gpustep_ref, spec, episode_start(d))
