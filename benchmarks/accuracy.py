@@ -342,6 +342,13 @@ def cluster_checks(post, plans: list, step, folder: Path, name: str, args) -> No
                                   "clusters": len(observed), **check})
 
 
+def print_table(title: str, table: pd.DataFrame) -> None:
+    """Print a title and a table of figures (4 significant digits)."""
+    with pd.option_context("display.width", 200):
+        print(title)
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer draws and cases")
@@ -410,26 +417,19 @@ def main(argv: list[str] | None = None) -> int:
     if refsim_rows:
         refsim = pd.DataFrame(refsim_rows)
         refsim["goal"] = [refsim_misses(r) for _, r in refsim.iterrows()]
-        with pd.option_context("display.width", 200):
-            print("Traced 3D job, forecast on new nodes vs truth "
-                  "(goals: |p50| <= 2 %, |p95| <= 4 %, KS <= 0.10, cov90 0.85-0.95, "
-                  "P(>1.05 x ideal) within 0.05):")
-            print(refsim.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print_table("Traced 3D job, forecast on new nodes vs truth (goals: |p50| <= 2 %, "
+                    "|p95| <= 4 %, KS <= 0.10, cov90 0.85-0.95, P(>1.05 x ideal) within 0.05):",
+                    refsim)
     if args.cluster_rows:
-        with pd.option_context("display.width", 200):
-            print("Traced 3D job, the truth as a sample of clusters: KS observed vs a calibrated "
-                  "sample of its size (median, 90th percentile, share at least as far off), "
-                  "and the IQR of the clusters' median steps vs the forecast's (shares of "
-                  "calibrated samples at most / at least as spread):")
-            print(pd.DataFrame(args.cluster_rows).to_string(
-                index=False, float_format=lambda v: f"{v:.4g}"))
+        print_table("Traced 3D job, the truth as a sample of clusters: KS observed vs a "
+                    "calibrated sample of its size (median, 90th percentile, share at least as "
+                    "far off), and the IQR of the clusters' median steps vs the forecast's "
+                    "(shares of calibrated samples at most / at least as spread):",
+                    pd.DataFrame(args.cluster_rows))
     if args.level_rows:
-        with pd.option_context("display.width", 200):
-            print("Step forecasts, level vs within-layout shape (level: median of each draw's "
-                  "level vs the measured median, 90 % interval; shape: scores with every "
-                  "draw moved to the measured median):")
-            print(pd.DataFrame(args.level_rows).to_string(
-                index=False, float_format=lambda v: f"{v:.4g}"))
+        print_table("Step forecasts, level vs within-layout shape (level: median of each draw's "
+                    "level vs the measured median, 90 % interval; shape: scores with every "
+                    "draw moved to the measured median):", pd.DataFrame(args.level_rows))
     if not rows:
         if refsim_rows:
             _write_json(args.json, [], [], refsim_rows)

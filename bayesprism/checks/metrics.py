@@ -388,8 +388,9 @@ def cluster_sample_check(reference, clusters, observed_clusters: Sequence, *,
     if simulated.shape[1] < longest:
         raise ValueError(f"simulated clusters have {simulated.shape[1]} steps, an observed one "
                          f"{longest}")
-    _as_arrays(pooled, np.concatenate(observed))
-    _as_arrays(simulated.reshape(-1), np.concatenate(observed))
+    observed_steps = np.concatenate(observed)
+    _as_arrays(pooled, observed_steps)
+    _as_arrays(simulated.reshape(-1), observed_steps)
 
     def spread(groups) -> float:
         medians = np.array([np.median(g) for g in groups])
@@ -404,7 +405,7 @@ def cluster_sample_check(reference, clusters, observed_clusters: Sequence, *,
                       strict=True)]
         null_ks[i] = ks_distance(pooled, np.concatenate(picked))
         null_spread[i] = spread(picked)
-    ks = ks_distance(pooled, np.concatenate(observed))
+    ks = ks_distance(pooled, observed_steps)
     observed_spread = spread(observed)
     return {"ks": ks, "ks_null_q50": float(np.median(null_ks)),
             "ks_null_q90": float(np.quantile(null_ks, 0.9)),
