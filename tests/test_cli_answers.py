@@ -79,6 +79,16 @@ def test_forecast_prints_step_and_training_time_in_readable_units(gemm_path, cap
     assert "e+0" not in out and "e-0" not in out
 
 
+def test_repeated_dp_flags_all_count(gemm_path, capsys):
+    """``--dp 2 --dp 8,64`` forecasts three plans: argparse alone kept the last flag and
+    dropped the others without a word."""
+    code = main(["forecast", str(gemm_path), "--dp", "2", "--dp", "8,64", "--draws", "5",
+                 "--quiet"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert all(f"dp{dp}-" in out for dp in (2, 8, 64))
+
+
 def test_forecast_json_carries_deadline_baseline_and_threshold_answers(gemm_path, capsys):
     summary = run_json(capsys, "forecast", gemm_path, "--dp", "2", "--steps", "200000",
                        "--draws", "10", "--deadline", "1h", "--deadline", "2m",

@@ -44,9 +44,12 @@ def register(sub) -> None:
                         help="file with a [cluster] table (default: a plan file's [cluster])")
     for flag, kind in LAYOUT_FLAGS.items():
         if flag == "dp":
-            parser.add_argument("--dp", type=dp_values, default=None, metavar="DP[,DP...]",
-                                help="data-parallel replicas; a comma-separated list forecasts "
-                                "each (a weak-scaling sweep, e.g. --dp 2,8,32,128,512)")
+            # repeated flags add up (argparse would keep the last and drop the others)
+            parser.add_argument("--dp", type=dp_values, action="extend", default=None,
+                                metavar="DP[,DP...]",
+                                help="data-parallel replicas; a comma-separated list (or the "
+                                "flag repeated) forecasts each (a weak-scaling sweep, e.g. "
+                                "--dp 2,8,32,128,512)")
             continue
         parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=kind, default=None)
     parser.add_argument("--steps", type=int, default=None,
