@@ -13,9 +13,11 @@ the same model on a subsample.
     python benchmarks/fit.py --quick    # 64 GPUs × 10 steps × 200 launches (128 k)
     python benchmarks/fit.py --dev      # the traced 3D job of ../shared/data/simulated
     python benchmarks/fit.py --dev --with-nccl   # ... fitted jointly with its nccl-tests sweep
+    python benchmarks/fit.py --dev --with-nccl --with-fleet  # ... and the fleet GEMM benchmark
 
 ``--dev`` fits the traced TP 8 × PP 4 × DP 2 job (64 Kineto rank files, 835 k launches; with
-``--with-nccl`` also its nccl-tests sweep, as benchmarks before this option did) end to end
+``--with-nccl`` also its nccl-tests sweep, as benchmarks before this option did; with
+``--with-fleet`` the per-GPU GEMM benchmark of 512 fleet nodes, 61 k rows) end to end
 with ``bayesprism.fit`` (default spec, draws and warm-up) and prints ingest and fit seconds and
 the convergence of every variable (the goal, for the traces: converged in <= 60 s on 2
 cores).
@@ -85,14 +87,16 @@ def logp_grad_seconds(model, repeats: int = 20) -> float:
 DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "simulated" / "megatron-3d-dev"
 
 
-def dev_case(draws: int, tune: int, seed: int, with_nccl: bool = False) -> int:
-    """Ingest and fit the traced 3D job (and its nccl-tests sweep); print seconds and
-    convergence."""
+def dev_case(draws: int, tune: int, seed: int, with_nccl: bool = False,
+             with_fleet: bool = False) -> int:
+    """Ingest and fit the traced 3D job (and its nccl-tests sweep, its fleet GEMM benchmark);
+    print seconds and convergence."""
     import bayesprism as bp
     from bayesprism.inference import convergence_summary
 
     t0 = time.perf_counter()
-    inputs = [DEV / "traces", *([DEV / "nccl_bench.csv"] if with_nccl else [])]
+    inputs = [DEV / "traces", *([DEV / "nccl_bench.csv"] if with_nccl else []),
+              *([DEV / "fleet_gemm_bench.csv.gz"] if with_fleet else [])]
     table = bp.read_traces(inputs, progress=False)
     t1 = time.perf_counter()
     print(f"ingest {t1 - t0:.1f} s: {len(table):,} rows", flush=True)
@@ -125,9 +129,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="fit the traced 3D job of ../shared/data/simulated instead")
     parser.add_argument("--with-nccl", action="store_true",
                         help="with --dev: fit its nccl-tests sweep jointly")
+    parser.add_argument("--with-fleet", action="store_true",
+                        help="with --dev: fit its fleet GEMM benchmark jointly")
     args = parser.parse_args(argv)
     if args.dev:
-        return dev_case(args.draws, max(args.tune, 1000), args.seed, args.with_nccl)
+        return dev_case(args.draws, max(args.tune, 1000), args.seed, args.with_nccl,
+                        args.with_fleet)
     shape = (8, 8, 10, 10, 20) if args.quick else (64, 8, 20, 20, 50)
     table = synthetic_table(*shape)
     print(f"table: {len(table):,} launches ({shape[0]} nodes × {shape[1]} GPUs × {shape[2]} "

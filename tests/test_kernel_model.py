@@ -7,9 +7,11 @@ import pandas as pd
 import pytensor
 import pytest
 from scipy import stats
+from scipy.linalg import helmert
 
 from bayesprism.errors import InputError
 from bayesprism.model import build, prepare
+from bayesprism.model.effects import _in_reference_units, _launch_shares
 from bayesprism.model.kernel import build_kernel, prepare_kernel
 from bayesprism.spec import ModelSpec
 
@@ -275,10 +277,41 @@ def test_several_sources_share_nodes_and_add_their_own_class(small_table):
     assert "n99/0" not in gpus and len(gpus) == 16 + 2 * 4 + 4
     node_of = dict(zip(gpus, prepared.data["node_of_gpu"], strict=True))
     assert node_of["n00/0"] == node_of["n00/0/benchmark"] == 0
+    # ... each measurement's GPUs zero-sum under their node, and sampled in their own units
+    group_of = dict(zip(gpus, prepared.data["gpu_group"], strict=True))
+    assert group_of["n00/0"] == group_of["n00/1"] != group_of["n00/0/benchmark"]
+    assert _launch_shares(prepared, "gpu") is not None
+    assert _launch_shares(prepare([small_table], ModelSpec()), "gpu") is None
     model = build(prepared, ModelSpec())
     assert model.named_vars_to_dims["node_effect"] == ("node",)
     assert model.named_vars_to_dims["coll_bandwidth_gbps"] == ("collective", "tier")
     assert np.isfinite(model.compile_logp()(model.initial_point()))
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_effects_in_their_own_units_map_back_with_the_exact_jacobian(nested):
+    # two measurements: units 0-2 launch class 0 (ratio 0.5), units 3-4 class 1 (ratio 2)
+    ratio = np.array([0.5, 2.0, 1.0])
+    shares = np.array([[1.0, 0.0], [0.9, 0.1], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    group = np.array([0, 0, 0, 1, 1]) if nested else np.zeros(5, dtype=int)
+    own = np.array([0.3, -0.1, -0.2, 0.4, -0.4])
+    values, log_jacobian = _in_reference_units(
+        pytensor.tensor.as_tensor(own), (np.array([0, 1]), shares),
+        pytensor.tensor.as_tensor(ratio), group, nested)
+    if nested:  # one ratio per group, from its pooled launches
+        rho = np.exp(np.r_[np.full(3, (2.9 * np.log(0.5) + 0.1 * np.log(2.0)) / 3.0),
+                           np.full(2, np.log(2.0))])
+    else:
+        rho = np.exp(shares @ np.log(ratio[:2]))
+    np.testing.assert_allclose(values.eval(), own / rho)
+    # the map's Jacobian on the coordinates actually sampled: each group's contrasts (nested,
+    # an orthonormal Helmert basis of its zero-sum subspace), else every unit
+    expected = 0.0
+    for g in np.unique(group):
+        members = np.flatnonzero(group == g)
+        basis = helmert(len(members)) if nested else np.eye(len(members))
+        expected += np.linalg.slogdet(basis @ np.diag(1.0 / rho[members]) @ basis.T)[1]
+    assert float(log_jacobian.eval()) == pytest.approx(expected)
 
 
 def test_collectives_without_transfer_fall_back_to_the_kernel_part(small_table):

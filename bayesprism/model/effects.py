@@ -31,6 +31,9 @@ from bayesprism.spec import ModelSpec
 SCALE_FLOOR = 1.5
 #: Robust sds from the median beyond which a ``degraded`` level's unit is sampled centred.
 OUTLIER_SPREADS = 3.0
+#: Total-variation distance between a unit's class mix and its level's pooled mix beyond which
+#: the level's units are sampled in the units their own classes see (:func:`_launch_shares`).
+OWN_UNITS_MIX_DISTANCE = 0.5
 
 
 def segment_sum(values, index: np.ndarray, size: int):
@@ -143,13 +146,16 @@ def unit_level(level: str, prepared, spec: ModelSpec, estimate=None, resolution=
                unit_estimate=None, data_starts: bool = False):
     """Per-class loadings and standardised unit effects of one level.
 
-    Returns ``(loading, effect, centred)``: loadings (``kernel_class``), the standardised
-    effects reported as ``{level}_effect``, and the effects centred within their groups (what
-    the likelihood sees). Centred levels sample log-scale offsets of a reference class (the
-    launch-weighted geometric mean of the classes, scale ``{level}_scale_ref``) and per-class
-    loading ratios (:func:`class_scales`); non-centred levels sample standardised effects and
-    per-class loadings. ``estimate``: the data's ``(effects, standard error)`` for a centred
-    level (:mod:`bayesprism.model.start`); its contrast coordinates are then sampled as
+    Returns ``(loading, centred, mean_effect)``: loadings (``kernel_class``), the standardised
+    effects (reported as ``{level}_effect``) centred within their groups, as the likelihood
+    sees them, and the mean the kernel medians move by. When units launch different mixes of
+    classes (:func:`_launch_shares`), ``centred`` is per unit and class and ``mean_effect``
+    per class: each class's units centred on their own mean. Centred levels sample log-scale
+    offsets of a reference class (the launch-weighted geometric mean of the classes, scale
+    ``{level}_scale_ref``) and per-class loading ratios (:func:`class_scales`); non-centred
+    levels sample standardised effects and per-class loadings. ``estimate``: the data's
+    ``(effects, standard error)`` for a centred level (:mod:`bayesprism.model.start`); its
+    contrast coordinates are then sampled as
     ``estimate + se × {level}_basis_coef`` (a constant affine map).
 
     ``resolution``: the standard error with which the data resolve one unit's effect
@@ -239,6 +245,11 @@ def unit_level(level: str, prepared, spec: ModelSpec, estimate=None, resolution=
         if centred_level:
             pm.Potential(f"{level}_group_mean_jacobian", pt.log(scale))
     loading = reference = None
+    jacobian = 0.0
+    shares = _launch_shares(prepared, level) if centred_level and not split else None
+    if shares is not None:
+        loading = class_scales(level, scale, prepared, reference_only=True)
+        raw, jacobian = _in_reference_units(raw, shares, loading / scale, group, nested)
     if not centred_level and family == "degraded":
         # its priors are on the reference class's log scale: the launch-weighted geometric
         # mean of the loadings, as for centred levels (other families keep their variables in
@@ -250,15 +261,80 @@ def unit_level(level: str, prepared, spec: ModelSpec, estimate=None, resolution=
     if family == "student_t" and values is not None:
         nu_start = student_t_nu_start(values, group if nested else None)
     pm.Potential(f"{level}_population",
-                 population_logp(raw, family, level, scale, spec, reference, nu_start))
+                 population_logp(raw, family, level, scale, spec, reference, nu_start)
+                 + jacobian)
     centred = raw if nested else raw - pt.mean(raw)
     if not centred_level:
         loading = _noncentred_loading(level, spec) if loading is None else loading
         effect = pm.Deterministic(f"{level}_effect", raw, dims=dim)
-        return loading, effect, centred
-    loading = class_scales(level, scale, prepared, reference_only=True)
+        return loading, centred, pt.mean(effect)
+    if loading is None:
+        loading = class_scales(level, scale, prepared, reference_only=True)
     effect = pm.Deterministic(f"{level}_effect", raw / scale, dims=dim)
-    return loading, effect, centred / scale
+    if shares is None or nested:
+        return loading, centred / scale, pt.mean(effect)
+    # Each class sees the units that launch it centred on their own mean: centred on every
+    # unit's, a traced job's few nodes would share an offset that only a per-GPU benchmark of
+    # those nodes pins, and the traced kernels' medians would follow it (a ridge of the node
+    # ratio, those nodes' effects and the medians: dev traces with the fleet GEMM benchmark,
+    # R-hat 1.35, bulk ESS 5).
+    launches = np.ones((group.size, len(prepared.coords["kernel_class"])))
+    launches[:, shares[0]] = shares[1] > 0
+    class_mean = pt.dot(effect, launches) / launches.sum(axis=0)
+    return loading, effect[:, None] - class_mean[None, :], class_mean
+
+
+def _launch_shares(prepared, level: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The compute classes and each unit's shares of its launches over them, when units of the
+    level launch different mixes of classes (a per-GPU benchmark beside a traced job), else
+    None.
+
+    Units whose share vectors are at most :data:`OWN_UNITS_MIX_DISTANCE` apart (total
+    variation) from the level's pooled mix launch alike, and are sampled in reference units.
+    """
+    d = prepared.data
+    compute = np.asarray(d["class_reference_weights"], dtype=float) > 0
+    if compute.sum() < 2:
+        return None
+    counts = np.zeros((len(d[f"{level}_group"]), int(compute.sum())))
+    np.add.at(counts, d[f"{level}_of_gpustep"], np.asarray(d["block_n"])[:, compute])
+    total = counts.sum(axis=1, keepdims=True)
+    shares = np.divide(counts, total, out=np.zeros_like(counts), where=total > 0)
+    pooled = counts.sum(axis=0) / counts.sum()
+    distance = 0.5 * np.abs(shares - pooled).sum(axis=1)
+    if distance[total[:, 0] > 0].max() <= OWN_UNITS_MIX_DISTANCE:
+        return None
+    return np.flatnonzero(compute), shares
+
+
+def _in_reference_units(own, shares: tuple[np.ndarray, np.ndarray], ratio, group: np.ndarray,
+                        nested: bool):
+    """Centred unit effects sampled in the units their own launches see, returned in the
+    reference class's units, with the log Jacobian of that map.
+
+    The likelihood pins a unit's effect times the loading ratio of the classes it launches.
+    Sampled in reference units, a change of a ratio needs every unit seen through those classes
+    to move with it at once: with a per-GPU benchmark (its own class, thousands of GPUs) beside
+    a traced job, the ratio between the two drifted along that ridge (dev traces with the fleet
+    GEMM benchmark: R-hat 2.3, bulk ESS 3). A unit's coordinates here are its effect times
+    ρ, the launch-weighted geometric mean of the ratios of the compute classes it launches, so
+    a ratio moves alone. Nested levels take one ρ per group (their pooled launches): the
+    effects stay zero-sum, and the map scales each group's size − 1 contrasts by 1 / ρ.
+    """
+    import pytensor.tensor as pt
+
+    compute, weights = shares
+    n_groups = int(group.max()) + 1
+    if nested:
+        pooled = np.zeros((n_groups, weights.shape[1]))
+        np.add.at(pooled, group, weights)
+        weights = (pooled / np.maximum(pooled.sum(axis=1, keepdims=True), 1e-300))[group]
+    log_rho = pt.dot(weights, pt.log(ratio[compute]))
+    free = np.ones(len(group))
+    if nested:
+        size = np.bincount(group, minlength=n_groups)[group]
+        free = (size - 1.0) / size
+    return own * pt.exp(-log_rho), -pt.sum(free * log_rho)
 
 
 def _noncentred_loading(level: str, spec: ModelSpec):

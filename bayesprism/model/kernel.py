@@ -466,7 +466,11 @@ def _unit_levels(spec: ModelSpec, keys: _UnitKeys, node_labels: list[str],
                             for n, g, b in zip(keys.gpu_node, keys.gpu_local, keys.gpu_bench,
                                                strict=True)]
             unit_of_gpu[level] = np.arange(len(keys.gpu_keys))
-            group_of_unit[level] = node_of_gpu
+            # a node's traced and benchmarked GPUs are zero-sum each: each measurement's GPUs
+            # deviate from the node's one effect, and a group of units that launch the same
+            # classes can be sampled in the units those classes see (effects.unit_level)
+            group_of_unit[level] = np.unique(node_of_gpu * 2 + keys.gpu_bench,
+                                             return_inverse=True)[1]
         elif level == "step":
             if (np.bincount(keys.step_run) < 2).all():
                 notes.append("step level dropped: no run with 2 or more steps"
@@ -888,23 +892,26 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     for level in attrs["levels"]:
         if level == "gpustep":
             continue
-        loading, effect, centred = unit_level(
+        loading, centred, mean_effect = unit_level(
             level, prepared, spec, estimates.get(level),
             resolution=resolution[level] if level in floored else None,
             unit_estimate=robust_unit_effects(d, level) if level != "step" and (
                 centred_coords or spec.population(level) == "degraded") else None,
             data_starts=centred_coords)
         pm.Data(f"{level}_of_gpustep", d[f"{level}_of_gpustep"], dims="gpustep")
+        if level != "step":
+            centred = centred[d[f"{level}_of_gpu"]]
+        part = (centred if centred.ndim == 2 else centred[:, None]) * loading[None, :]
         if level == "step":
-            step_part = step_part + centred[:, None] * loading[None, :]
+            step_part = step_part + part
         else:
-            gpu_part = gpu_part + centred[d[f"{level}_of_gpu"]][:, None] * loading[None, :]
+            gpu_part = gpu_part + part
         # The likelihood sees effects centred on the fitted units; a level with one group (one
         # run's steps, one node's GPUs) keeps their mean as a prior-only coordinate. The
         # contract adds loading·effect to kernel_log_median, so the median moves by that mean
         # (zero for nested levels): fitted units then predict their own fitted level, and a
         # new unit's deviation from the fitted ones carries the mean's uncertainty.
-        shift = shift + loading[cls] * pt.mean(effect)
+        shift = shift + loading[cls] * (mean_effect[cls] if mean_effect.ndim else mean_effect)
     pm.Deterministic("kernel_log_median", a_free - shift, dims="kernel")
     gpustep = gpustep_ref = None
     if "gpustep" in attrs["levels"]:
