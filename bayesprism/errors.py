@@ -26,7 +26,8 @@ class Problem:
     count
         How many rows/events share the problem (0 when not countable).
     example
-        One offending value, rendered with ``repr``-like clarity.
+        One offending value, rendered with ``repr``-like clarity (``e.g.`` one of ``count``
+        values, else ``got`` the value).
     """
 
     source: str
@@ -39,10 +40,11 @@ class Problem:
         where = f"{self.source}: {self.field}" if self.field else self.source
         text = f"{where}: {self.message}"
         if self.count:
-            text += f" ({self.count} rows)"
+            text += f" ({self.count} row{'' if self.count == 1 else 's'})"
         if self.example is not None:
             example = self.example.item() if hasattr(self.example, "item") else self.example
-            text += f", e.g. {example!r}"
+            # one of several offending values, or the one value given
+            text += f", {'e.g.' if self.count > 1 else 'got'} {example!r}"
         return text
 
 

@@ -276,7 +276,7 @@ def validate_table(df: pd.DataFrame, source: str = "table") -> pd.DataFrame:
     >>> validate_table(df.assign(duration_us=-1.0))
     Traceback (most recent call last):
     ...
-    bayesprism.errors.TableValidationError: table: duration_us: must be > 0 µs (1 rows), e.g. -1.0
+    bayesprism.errors.TableValidationError: table: duration_us: must be > 0 µs (1 row), got -1.0
     """
     problems: list[Problem] = []
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]

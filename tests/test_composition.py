@@ -155,7 +155,7 @@ def test_measured_nodes_use_their_own_effects():
             compose(post, plan, replicates=1, rng=np.random.default_rng(0),
                     cluster=Cluster(nodes=("fast", "gone")))
     assert exc.value.lines() == [
-        "cluster: nodes: not a measured node of the posterior (1 rows), e.g. 'gone'"
+        "cluster: nodes: not a measured node of the posterior (1 row), got 'gone'"
     ]
 
 

@@ -114,7 +114,7 @@ def test_max_slowdown_must_exceed_one():
     with pytest.raises(InputError) as exc:
         quiet_compose(gemm_only(draws=2), ParallelPlan(dp=8), rng=np.random.default_rng(0),
                       max_slowdown=1.0)
-    assert exc.value.lines() == ["arguments: max_slowdown: must be a number above 1, e.g. 1.0"]
+    assert exc.value.lines() == ["arguments: max_slowdown: must be a number above 1, got 1.0"]
 
 
 def test_measured_node_positions_are_kept_above_the_exact_limit():

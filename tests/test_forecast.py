@@ -246,7 +246,7 @@ def test_cli_end_to_end_json_and_netcdf(tmp_path, capsys):
     assert "median" in capsys.readouterr().out
     code = main(["forecast", str(post_path), "--dp", "0", "--quiet"])
     assert code == 2
-    assert "command line: dp: must be a positive integer, e.g. 0" in capsys.readouterr().err
+    assert "command line: dp: must be a positive integer, got 0" in capsys.readouterr().err
 
 
 def test_cli_json_is_a_flag_and_the_old_json_path_still_writes_with_a_warning(tmp_path, capsys):

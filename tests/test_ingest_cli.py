@@ -134,7 +134,7 @@ def problem_cases(tmp_path: Path) -> dict[str, tuple[list[Path], list[str]]]:
     next(e for e in no_name["traceEvents"] if e.get("cat") == "kernel").pop("name")
     nn = write(tmp_path / "noname" / "r0.json", no_name)
     cases["kernel without name"] = ([nn], [
-        f"error: {nn}: traceEvents.name: GPU events without a kernel name (1 rows)"])
+        f"error: {nn}: traceEvents.name: GPU events without a kernel name (1 row)"])
 
     a = write(tmp_path / "twice" / "a.json", good)
     b = write(tmp_path / "twice" / "b.json", good)
@@ -252,7 +252,7 @@ def test_ingest_to_parquet_layout_matches_read_traces(tmp_path):
      "microbatches, virtual_stages, micro_batch_size, gpus_per_node, nodes_per_leaf, "
      "schedule, sharding, "
      "overlap"),
-    ("virtual_stages=0", "error: --layout: virtual_stages: must be a positive integer, e.g. 0"),
+    ("virtual_stages=0", "error: --layout: virtual_stages: must be a positive integer, got 0"),
 ])
 def test_every_command_that_reads_traces_refuses_a_bad_layout(tmp_path, capsys, command, fact,
                                                                message):

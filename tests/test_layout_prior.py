@@ -138,7 +138,7 @@ def test_cli_refuses_bad_input_with_one_line_and_exit_2(tmp_path, capsys):
         [f"error: {tmp_path / 'missing'}: no such file or folder"]
     code = main(["learn-prior", f"a={tmp_path}", "--layout", "b:virtual_stages=12", "-o",
                  str(tmp_path / "p.json")])
-    assert code == 2 and "--layout: names no ladder, e.g. 'b'" in capsys.readouterr().err
+    assert code == 2 and "--layout: names no ladder, got 'b'" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -258,22 +258,22 @@ def test_layout_keys_and_values_are_checked():
         parse_layout_args(["virtual=12", "tp=0", "pp", "overlap=2", "tp=1", "dp=two"])
     assert err.value.lines() == [
         "--layout: pp: expected KEY=VALUE, e.g. virtual_stages=12",
-        "--layout: tp: is given twice, e.g. 'tp=1'",
+        "--layout: tp: is given twice, got 'tp=1'",
         "--layout: virtual: unknown layout key; allowed: dp, tp, pp, cp, ep, "
         "microbatches, virtual_stages, micro_batch_size, gpus_per_node, nodes_per_leaf, "
         "schedule, sharding, "
         "overlap",
-        "--layout: dp: must be a positive integer, e.g. 'two'",
-        "--layout: tp: must be a positive integer, e.g. 0",
-        "--layout: overlap: must be a fraction between 0 and 1, e.g. 2",
+        "--layout: dp: must be a positive integer, got 'two'",
+        "--layout: tp: must be a positive integer, got 0",
+        "--layout: overlap: must be a fraction between 0 and 1, got 2",
     ]
     for layout, message in (
             ({"schedule": "2f2b"}, "layout: schedule: unknown schedule; allowed: gpipe, 1f1b"),
             ({"virtual_stages": 1.5}, "layout: virtual_stages: must be a positive integer, "
-             "e.g. 1.5"),
-            ({"pp": True}, "layout: pp: must be a positive integer, e.g. True"),
+             "got 1.5"),
+            ({"pp": True}, "layout: pp: must be a positive integer, got True"),
             ({"micro_batch_size": "inf"}, "layout: micro_batch_size: must be a positive "
-             "number, e.g. 'inf'")):
+             "number, got 'inf'")):
         with pytest.raises(InputError) as err:
             check_layout(layout)
         assert err.value.lines()[0].startswith(message)

@@ -36,12 +36,12 @@ def test_every_problem_reported_at_once_with_exact_messages():
     with pytest.raises(PlanError) as exc:
         ParallelPlan(dp=0, tp=2.5, schedule="pipedream", sharding="zero3", overlap=1.5)
     assert lines_of(exc) == [
-        "plan: dp: must be a positive integer, e.g. 0",
-        "plan: tp: must be a positive integer, e.g. 2.5",
-        "plan: overlap: must be a fraction between 0 and 1, e.g. 1.5",
+        "plan: dp: must be a positive integer, got 0",
+        "plan: tp: must be a positive integer, got 2.5",
+        "plan: overlap: must be a fraction between 0 and 1, got 1.5",
         "plan: schedule: unknown schedule; allowed: gpipe, 1f1b, interleaved-1f1b, zero-bubble, "
-        "e.g. 'pipedream'",
-        "plan: sharding: unknown sharding; allowed: none, zero1, zero2, fsdp, e.g. 'zero3'",
+        "got 'pipedream'",
+        "plan: sharding: unknown sharding; allowed: none, zero1, zero2, fsdp, got 'zero3'",
     ]
 
 
@@ -50,10 +50,10 @@ def test_relations_between_fields():
         ParallelPlan(name="bad", dp=6, tp=2, pp=4, ep=4, world_size=40, layers=2,
                      virtual_stages=2, microbatches=8)
     assert lines_of(exc) == [
-        "plan 'bad': world_size: must equal dp*tp*pp*cp = 6*2*4*1 = 48, e.g. 40",
-        "plan 'bad': ep: must divide the data-parallel degree dp = 6, e.g. 4",
-        "plan 'bad': virtual_stages: only used by schedule 'interleaved-1f1b', not '1f1b', e.g. 2",
-        "plan 'bad': pp: pp*virtual_stages = 8 stages exceed layers = 2, e.g. 4",
+        "plan 'bad': world_size: must equal dp*tp*pp*cp = 6*2*4*1 = 48, got 40",
+        "plan 'bad': ep: must divide the data-parallel degree dp = 6, got 4",
+        "plan 'bad': virtual_stages: only used by schedule 'interleaved-1f1b', not '1f1b', got 2",
+        "plan 'bad': pp: pp*virtual_stages = 8 stages exceed layers = 2, got 4",
     ]
 
 
@@ -61,8 +61,8 @@ def test_interleaved_needs_multiple_of_pp_and_chunks():
     with pytest.raises(PlanError) as exc:
         ParallelPlan(pp=4, microbatches=6, schedule="interleaved-1f1b")
     assert lines_of(exc) == [
-        "plan: virtual_stages: schedule 'interleaved-1f1b' needs >= 2, e.g. 1",
-        "plan: microbatches: schedule 'interleaved-1f1b' needs a multiple of pp = 4, e.g. 6",
+        "plan: virtual_stages: schedule 'interleaved-1f1b' needs >= 2, got 1",
+        "plan: microbatches: schedule 'interleaved-1f1b' needs a multiple of pp = 4, got 6",
     ]
     plan = ParallelPlan(pp=4, microbatches=8, schedule="interleaved-1f1b", virtual_stages=2)
     assert plan.name == "dp1-tp1-pp4-m8-v2-interleaved-1f1b"
@@ -113,7 +113,7 @@ def test_toml_errors_name_file_plan_and_field(tmp_path):
     lines = lines_of(exc)
     assert len(lines) == 2
     assert lines[0].startswith(f"{path}[plan 1] 'b': dpp: unknown plan field; allowed: ")
-    assert lines[1] == f"{path}[plan 1] 'b': pp: must be a positive integer, e.g. -1"
+    assert lines[1] == f"{path}[plan 1] 'b': pp: must be a positive integer, got -1"
     broken = tmp_path / "broken.toml"
     broken.write_text("dp = \n")
     with pytest.raises(PlanError, match="invalid TOML"):
@@ -124,10 +124,10 @@ def test_cluster_validation():
     with pytest.raises(PlanError) as exc:
         Cluster(gpus_per_node=0, nodes=("a", "a"), tiers={"rack": {}, "inter": {"speed": 1}})
     assert lines_of(exc) == [
-        "cluster: gpus_per_node: must be a positive integer, e.g. 0",
+        "cluster: gpus_per_node: must be a positive integer, got 0",
         "cluster: nodes: lists a node twice",
-        "cluster: tiers: unknown tier; allowed: intra, inter, e.g. 'rack'",
-        "cluster: tiers.inter: unknown key; allowed: latency_us, bandwidth_gbps, e.g. 'speed'",
+        "cluster: tiers: unknown tier; allowed: intra, inter, got 'rack'",
+        "cluster: tiers.inter: unknown key; allowed: latency_us, bandwidth_gbps, got 'speed'",
     ]
 
 

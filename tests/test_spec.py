@@ -59,10 +59,10 @@ def test_unknown_values_list_the_allowed_ones():
     with pytest.raises(SpecError) as err:
         ModelSpec(likelihood="cauchy", node_population="pareto", levels=("rack",))
     text = str(err.value)
-    assert ("likelihood: unknown value; allowed: lognormal, student_t, mixture, e.g. 'cauchy'"
+    assert ("likelihood: unknown value; allowed: lognormal, student_t, mixture, got 'cauchy'"
             in text)
     assert "node_population: unknown value; allowed: normal, student_t, mixture" in text
-    assert "levels: unknown value; allowed: node, gpu, step, gpustep, cabinet, e.g. 'rack'" in text
+    assert "levels: unknown value; allowed: node, gpu, step, gpustep, cabinet, got 'rack'" in text
 
 
 def test_unknown_field_and_prior_are_refused(tmp_path):

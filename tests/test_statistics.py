@@ -173,11 +173,11 @@ def _with_header(src, dst, **changes) -> None:
 
 @pytest.mark.parametrize(("change", "expected"), [
     ({"kind": "bayesprism-table"}, "kind: is not 'bayesprism-statistics': not a statistics "
-     "artifact, e.g. 'bayesprism-table'"),
+     "artifact, got 'bayesprism-table'"),
     ({"schema_version": 99}, "schema_version: is not supported"),
     ({"bayesprism_version": "99.0.0"}, "bayesprism_version: written by a newer major version"),
     ({"input_digest": None}, "input_digest: is missing"),
-    ({"input_digest": "xyz"}, "input_digest: must be 16 hex digits, e.g. 'xyz'"),
+    ({"input_digest": "xyz"}, "input_digest: must be 16 hex digits, got 'xyz'"),
 ])
 def test_a_wrong_artifact_is_refused_in_one_line(dev_statistics, tmp_path, capsys, change,
                                                  expected):
@@ -207,8 +207,8 @@ def test_a_corrupted_artifact_is_refused_in_one_line(dev_statistics, tmp_path, c
                    .replace_schema_metadata(table.schema.metadata), altered)
     code = main(["fit", str(altered), "-o", str(tmp_path / "p.nc"), "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err == [f"error: {altered}: n: must be >= 1 in kernel cells (1 rows), "
-                                 "e.g. 0.0"]
+    assert code == 2 and err == [f"error: {altered}: n: must be >= 1 in kernel cells (1 row), "
+                                 "got 0.0"]
 
 
 def test_a_trace_table_is_not_an_artifact(dev_table, tmp_path):

@@ -118,8 +118,8 @@ def test_split_is_seeded_and_accepts_an_explicit_holdout(kernel_table):
 def test_split_rejects_unknown_units_and_impossible_splits(kernel_table):
     with pytest.raises(InputError) as err:
         split_table(kernel_table, "nodes", holdout=["node2", "node99"])
-    assert err.value.lines() == ["split: holdout: not in the table (by nodes) (1 rows), "
-                                 "e.g. 'node99'"]
+    assert err.value.lines() == ["split: holdout: not in the table (by nodes) (1 row), "
+                                 "got 'node99'"]
     with pytest.raises(InputError, match="needs per-rank rows"):
         split_table(step_table(), "nodes")
     with pytest.raises(InputError, match="choose one of nodes, gpus, ranks, steps, scale"):

@@ -130,13 +130,13 @@ def test_drain_without_spares_shrinks_data_parallelism_and_keeps_the_global_batc
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"faster": {"gemm": 1.5}}, "changes: faster.gemm: must be a fraction in [0, 1), e.g. 1.5"),
+        ({"faster": {"gemm": 1.5}}, "changes: faster.gemm: must be a fraction in [0, 1), got 1.5"),
         ({"faster": {"fft": 0.1}}, "changes: faster.fft: unknown kernel class"),
         ({"bandwidth": {"allgather": 2.0}}, "changes: bandwidth.allgather: unknown collective"),
         ({"latency": {"allreduce": -1}}, "changes: latency.allreduce: must be a positive"),
         ({"speed": 2}, "changes: speed: unknown change"),
-        ({"drain": -1}, "changes: drain: must be >= 0, e.g. -1"),
-        ({"microbatches": 0}, "changes: microbatches: must be a positive integer, e.g. 0"),
+        ({"drain": -1}, "changes: drain: must be >= 0, got -1"),
+        ({"microbatches": 0}, "changes: microbatches: must be a positive integer, got 0"),
     ],
 )
 def test_bad_changes_are_named(changes, message):
