@@ -155,8 +155,8 @@ def unit_level(level: str, prepared, spec: ModelSpec, estimate=None, resolution=
     ``{level}_scale_ref``) and per-class loading ratios (:func:`class_scales`); non-centred
     levels sample standardised effects and per-class loadings. ``estimate``: the data's
     ``(effects, standard error)`` for a centred level (:mod:`bayesprism.model.start`); its
-    contrast coordinates are then sampled as
-    ``estimate + se × {level}_basis_coef`` (a constant affine map).
+    contrast coordinates are then sampled as ``estimate + se × {level}_basis_coef`` (a constant
+    affine map).
 
     ``resolution``: the standard error with which the data resolve one unit's effect
     (:func:`bayesprism.model.start.unit_resolution`). When given (``degraded`` populations, and
@@ -328,7 +328,7 @@ def _in_reference_units(own, shares: tuple[np.ndarray, np.ndarray], ratio, group
     if nested:
         pooled = np.zeros((n_groups, weights.shape[1]))
         np.add.at(pooled, group, weights)
-        weights = (pooled / np.maximum(pooled.sum(axis=1, keepdims=True), 1e-300))[group]
+        weights = (pooled / pooled.sum(axis=1, keepdims=True))[group]
     log_rho = pt.dot(weights, pt.log(ratio[compute]))
     free = np.ones(len(group))
     if nested:

@@ -910,7 +910,8 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
         # run's steps, one node's GPUs) keeps their mean as a prior-only coordinate. The
         # contract adds loading·effect to kernel_log_median, so the median moves by that mean
         # (zero for nested levels): fitted units then predict their own fitted level, and a
-        # new unit's deviation from the fitted ones carries the mean's uncertainty.
+        # new unit's deviation from the fitted ones carries the mean's uncertainty. (Units
+        # launching different class mixes: per class, over the units that launch it.)
         shift = shift + loading[cls] * (mean_effect[cls] if mean_effect.ndim else mean_effect)
     pm.Deterministic("kernel_log_median", a_free - shift, dims="kernel")
     gpustep = gpustep_ref = None
