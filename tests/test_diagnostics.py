@@ -7,7 +7,13 @@ import json
 import numpy as np
 import pytest
 import xarray as xr
-from posterior_builders import SLOW_NODE, TRUTH_CLASSES, spec_attrs, truth_posterior
+from posterior_builders import (
+    SLOW_NODE,
+    TRUTH_CLASSES,
+    TRUTH_KERNELS,
+    spec_attrs,
+    truth_posterior,
+)
 from scipy import stats
 
 from bayesprism.checks.diagnostics import (
@@ -319,6 +325,27 @@ def test_step_time_check_compares_traced_and_composed_step_time(good_fit, good_r
     assert check["observed_median_s"] == pytest.approx(traced)
     # same truth on both sides: the composed median is within 20% of the traced one
     assert check["predicted_median_s"] == pytest.approx(traced, rel=0.2)
+
+
+def test_a_kernel_missing_from_the_inventory_is_checked_by_its_stored_class(good_fit):
+    # a per-GPU benchmark's kernel is fitted but is not part of the job's inventory
+    fit = good_fit.copy(deep=True)
+    fit["inventory"] = fit["inventory"].to_dataset().drop_sel(kernel="gemm_b")
+    rng = np.random.default_rng(0)
+    ppc, _, notes = cell_predictive_check(fit, rng)
+    # without the stored classes its cells are left out, not read with another class's scales
+    assert "unknown" not in ppc and ppc["gemm"]["n_cells"] == 72
+    assert any("72 cells of kernels the inventory does not list (e.g. 'gemm_b')" in n
+               for n in notes)
+    kernels = fit["posterior"]["kernel_log_median"].coords["kernel"].to_numpy()
+    classes = list(fit["posterior"].coords["kernel_class"].to_numpy())
+    constant = fit["constant_data"].to_dataset()
+    constant["kernel_class_of_kernel"] = ("kernel", [classes.index(TRUTH_KERNELS[k][0])
+                                                     for k in kernels])
+    fit["constant_data"] = constant.assign_coords(kernel=kernels)
+    ppc, _, notes = cell_predictive_check(fit, rng)
+    assert ppc["gemm"]["n_cells"] == 144 and not any("does not list" in n for n in notes)
+    assert 0.8 <= ppc["gemm"]["coverage_90"] <= 1.0
 
 
 def test_unlinked_cells_are_predicted_marginally_with_a_note():

@@ -82,7 +82,16 @@ def _unit_index(groups: list[xr.Dataset], dim: str, coord: np.ndarray) -> np.nda
 
 
 def _kernel_classes(posterior: xr.DataTree, kernels: np.ndarray) -> np.ndarray:
-    """Class label of each kernel, from the inventory (``kernel_class`` on dim ``kernel``)."""
+    """Class label of each kernel: from the fit's ``kernel_class_of_kernel`` (constant data),
+    else from the inventory (``kernel_class`` on dim ``kernel``; ``"unknown"`` for a kernel it
+    does not list, such as a per-GPU benchmark's)."""
+    if "constant_data" in posterior.children and \
+            "kernel_class_of_kernel" in posterior["constant_data"].data_vars:
+        index = posterior["constant_data"]["kernel_class_of_kernel"]
+        labels = posterior["posterior"].coords["kernel_class"].to_numpy().astype(str)
+        lookup = dict(zip(index.coords["kernel"].to_numpy().astype(str),
+                          labels[index.to_numpy().astype(int)], strict=True))
+        return np.array([lookup[str(kn)] for kn in kernels])
     if "inventory" in posterior.children and "kernel_class" in posterior["inventory"].data_vars:
         inv = posterior["inventory"]["kernel_class"]
         labels = inv.coords["kernel"].to_numpy().astype(str)
@@ -207,6 +216,18 @@ def cell_predictive_check(
     )
     class_pos = {c: i for i, c in enumerate(class_names)}
     c = np.array([class_pos.get(class_of_kernel[i], -1) for i in k])
+    n_cells = len(k)
+    if (c < 0).any() and "kernel_class" in post.coords:
+        # a kernel of no known class has no scales to predict with: its cells are left out
+        # rather than read with another class's scales
+        unknown = c < 0
+        notes.append(f"{int(unknown.sum())} cells of kernels the inventory does not list (e.g. "
+                     f"{str(kernels[k[unknown][0]])!r}) were not checked: the fit did not store "
+                     "their class")
+        y, n, k, c = y[~unknown], n[~unknown], k[~unknown], c[~unknown]
+        checked = np.flatnonzero(~unknown)
+    else:
+        checked = np.arange(len(k))
 
     mu = flat("kernel_log_median")[:, k]
     for dim, (effect, scale, _, _) in _LEVEL_TERMS.items():
@@ -222,10 +243,11 @@ def cell_predictive_check(
             units_by_draw = rng.integers(effects.shape[1], size=mu.shape)
             level_term = np.take_along_axis(effects, units_by_draw, axis=1)
         else:
-            level_term = effects[:, units]
+            level_term = effects[:, units[checked]]
         mu = mu + flat(scale)[:, c] * level_term
     if "gpustep_scale" in post:
-        mu = mu + flat("gpustep_scale")[:, c] * _gpustep_term(post, groups, flat, mu.shape, rng)
+        gpustep = _gpustep_term(post, groups, flat, (mu.shape[0], n_cells), rng)[:, checked]
+        mu = mu + flat("gpustep_scale")[:, c] * gpustep
     if "resid_scale" in post:
         stretch = None
         if "step_noise" in post:  # a cell's launches share their step's residual stretch
@@ -235,7 +257,7 @@ def cell_predictive_check(
                 notes.append("cells are not linked to their step: the residual is predicted "
                              "without its step's noise factor")
             else:
-                stretch = np.exp(flat("step_noise")[:, units])
+                stretch = np.exp(flat("step_noise")[:, units[checked]])
         mu = mu + _residual_cell_mean(post, flat, c, n, rng, stretch)
     if "resid_nu" in post:
         notes.append("Student-t residual: cell means are predicted with a normal residual of sd "

@@ -852,6 +852,9 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     # data (shared variables), never as constants: numba would embed constants in the
     # compiled code and LLVM then spends minutes on them.
     cell_kernel = pm.Data("cell_kernel", d["cell_kernel"], dims="cell")
+    # each kernel's class, for checks of kernels the job's inventory does not list (a per-GPU
+    # benchmark's)
+    pm.Data("kernel_class_of_kernel", cls, dims="kernel")
     pm.Data("cell_gpustep", d["cell_gpustep"], dims="cell")
     cell_n = pm.Data("cell_n", d["cell_n"], dims="cell")
     pm.Data("cell_mean_log", d["cell_mean"], dims="cell")
