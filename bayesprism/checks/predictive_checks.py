@@ -217,17 +217,16 @@ def cell_predictive_check(
     class_pos = {c: i for i, c in enumerate(class_names)}
     c = np.array([class_pos.get(class_of_kernel[i], -1) for i in k])
     n_cells = len(k)
-    if (c < 0).any() and "kernel_class" in post.coords:
+    checked = slice(None)
+    if (c < 0).any():
         # a kernel of no known class has no scales to predict with: its cells are left out
         # rather than read with another class's scales
         unknown = c < 0
         notes.append(f"{int(unknown.sum())} cells of kernels the inventory does not list (e.g. "
                      f"{str(kernels[k[unknown][0]])!r}) were not checked: the fit did not store "
                      "their class")
-        y, n, k, c = y[~unknown], n[~unknown], k[~unknown], c[~unknown]
         checked = np.flatnonzero(~unknown)
-    else:
-        checked = np.arange(len(k))
+        y, n, k, c = y[checked], n[checked], k[checked], c[checked]
 
     mu = flat("kernel_log_median")[:, k]
     for dim, (effect, scale, _, _) in _LEVEL_TERMS.items():
