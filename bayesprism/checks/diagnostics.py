@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from bayesprism.checks.persistence import PersistentSlowdowns, episode_persistence
 from bayesprism.checks.predictive_checks import cell_predictive_check, step_time_check
 from bayesprism.errors import ArtifactError, Problem
 from bayesprism.forecast.workload import RESID_SLOW_VARS
@@ -71,6 +72,10 @@ class DiagnosisReport:
         Per class ``(observed_us, predicted_us)`` arrays for the predictive-check plot.
     thresholds
         The limits the verdict used.
+    persistence
+        Slow GPU-steps and whether they last over consecutive steps
+        (:func:`bayesprism.checks.persistence.episode_persistence`), or None when not checked;
+        a note says so when they do.
     """
 
     ok: bool
@@ -88,6 +93,7 @@ class DiagnosisReport:
     unit_effects: dict[str, pd.DataFrame] = field(default_factory=dict)
     ppc_values: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     thresholds: dict[str, float] = field(default_factory=dict)
+    persistence: PersistentSlowdowns | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready summary (NaN stays a float; the CLI turns it into ``null``)."""
@@ -103,6 +109,7 @@ class DiagnosisReport:
             "ppc": {c: dict(v) for c, v in self.ppc.items()},
             "step_time_check": None if self.step_time_check is None else dict(self.step_time_check),
             "thresholds": dict(self.thresholds),
+            "persistence": None if self.persistence is None else self.persistence.to_dict(),
         }
 
     def worst_elements(self, k: int = 6) -> list[tuple[str, str]]:
@@ -206,6 +213,10 @@ def diagnose(
             )
     step_check, step_notes = step_time_check(posterior, rng)
     notes += step_notes
+    persistence, persistence_notes = episode_persistence(posterior)
+    notes += persistence_notes
+    if persistence is not None and persistence.persistent:
+        notes.append(persistence.message())
 
     return DiagnosisReport(
         ok=not problems,
@@ -227,6 +238,7 @@ def diagnose(
         },
         ppc_values=ppc_values,
         thresholds=thresholds,
+        persistence=persistence,
     )
 
 

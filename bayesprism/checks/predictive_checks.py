@@ -81,10 +81,18 @@ def _unit_index(groups: list[xr.Dataset], dim: str, coord: np.ndarray) -> np.nda
     return _positions(of_gs, coord)[gpustep.to_numpy().astype(int)]
 
 
-def _kernel_classes(posterior: xr.DataTree, kernels: np.ndarray) -> np.ndarray:
+def kernel_classes(posterior: xr.DataTree, kernels: np.ndarray) -> np.ndarray:
     """Class label of each kernel: from the fit's ``kernel_class_of_kernel`` (constant data),
     else from the inventory (``kernel_class`` on dim ``kernel``; ``"unknown"`` for a kernel it
-    does not list, such as a per-GPU benchmark's)."""
+    does not list, such as a per-GPU benchmark's).
+
+    Examples
+    --------
+    >>> import bayesprism as bp
+    >>> fit = bp.load("posterior.nc")  # doctest: +SKIP
+    >>> kernel_classes(fit, fit["posterior"].coords["kernel"].to_numpy())[:2]  # doctest: +SKIP
+    array(['gemm', 'attention'], dtype='<U9')
+    """
     if "constant_data" in posterior.children and \
             "kernel_class_of_kernel" in posterior["constant_data"].data_vars:
         index = posterior["constant_data"]["kernel_class_of_kernel"]
@@ -208,7 +216,7 @@ def cell_predictive_check(
 
     kernels = post["kernel_log_median"].coords["kernel"].to_numpy()
     k = _positions(kernel_index, kernels)
-    class_of_kernel = _kernel_classes(posterior, kernels)
+    class_of_kernel = kernel_classes(posterior, kernels)
     class_names = (
         post.coords["kernel_class"].to_numpy().astype(str)
         if "kernel_class" in post.coords
