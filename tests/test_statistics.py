@@ -95,9 +95,11 @@ def test_a_fit_from_the_artifact_is_the_fit_from_the_traces(dev_subset, dev_stat
     a, b = load(tmp_path / "traces.nc"), load(tmp_path / "stats.nc")
     for group in ("posterior", "sample_stats", "observed_data", "constant_data", "inventory"):
         x, y = a[group].to_dataset(), b[group].to_dataset()
-        # the streamed cells differ from the table's by the order of sums (1e-16): so do
-        # the draws, by that rounding carried through the sampler
-        assert_same_values(x, y, group)
+        # the streamed cells differ from the table's by the order of sums (1e-16); the draws
+        # follow them only until that rounding flips one of the sampler's discrete choices
+        # (a U-turn, an acceptance), which happens within 40 iterations on some CPUs: the
+        # draws' layout is compared here, the density they sample below
+        assert_same_values(x, y, group, values=group not in ("posterior", "sample_stats"))
         assert ({k: v for k, v in x.attrs.items() if k != "created_at"}
                 == {k: v for k, v in y.attrs.items() if k != "created_at"}), group
     # streamed statistics are digested by their content (no table is assembled)
@@ -110,15 +112,31 @@ def test_a_fit_from_the_artifact_is_the_fit_from_the_traces(dev_subset, dev_stat
     assert len(recorded["files"]) == 8 and all("sha256" in f for f in recorded["files"])
 
 
-def assert_same_values(x, y, group: str) -> None:
-    """Two datasets with the same variables, coordinates and integers (the sampler's tree
-    depths, steps and divergences: the same trajectories), floats to 1e-3: differences of
-    1e-16 in the cells, carried through 40 iterations of the sampler's adaptation, come out
-    near 1e-5 on the dev subset."""
+def test_the_model_from_the_artifact_has_the_traces_model_density(dev_table, dev_statistics):
+    from bayesprism.model import build
+
+    spec = ModelSpec.default()
+    models = [build(prepare([signature_as_kernel(dev_table)], spec), spec),
+              build(prepare_statistics(read_statistics(dev_statistics).model, spec), spec)]
+    assert [v.name for v in models[0].value_vars] == [v.name for v in models[1].value_vars]
+    logps = [m.compile_logp() for m in models]
+    base = models[0].initial_point()
+    rng = np.random.default_rng(3)
+    for k in range(4):
+        point = {name: value + (k > 0) * rng.normal(0.0, 0.05, np.shape(value))
+                 for name, value in base.items()}
+        assert logps[1](point) == pytest.approx(logps[0](point), rel=1e-9)
+
+
+def assert_same_values(x, y, group: str, values: bool = True) -> None:
+    """Two datasets with the same variables, coordinates and shapes; with ``values``, the
+    same integers and floats to 1e-3 (data summed in another order)."""
     assert x.keys() == y.keys() and x.coords.keys() == y.coords.keys(), group
     for name in [*x.coords, *x.data_vars]:
         u, v = x[name].to_numpy(), y[name].to_numpy()
         assert u.shape == v.shape, (group, name)
+        if not values and name not in x.coords:
+            continue
         if u.dtype.kind == "f":
             np.testing.assert_allclose(u, v, rtol=1e-3, atol=1e-5, err_msg=f"{group}.{name}")
         else:
