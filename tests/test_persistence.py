@@ -61,6 +61,7 @@ def test_a_gpu_slow_over_the_whole_trace_is_its_own_pace_not_a_stretch():
     deviation[gpu == 5] += 0.12
     found = slow_stretches(deviation, gpu, step, gpus, steps)
     assert found.slow_gpu_steps == 0 and not found.persistent
+    assert found.message() == "no slow GPU-steps among 192 (all launches)"
 
 
 def test_steps_of_different_runs_do_not_follow_each_other():

@@ -77,6 +77,8 @@ class PersistentSlowdowns:
 
     def message(self) -> str:
         """One line: what was found and what it means for forecasts."""
+        if self.runs.empty:
+            return f"no slow GPU-steps among {self.gpu_steps} ({self.kernel_class} launches)"
         longest = self.runs.sort_values(["steps", "slowdown"], ascending=False).iloc[0]
         return (
             f"GPU slowdowns last over consecutive steps: {self.slow_gpu_steps} of "
@@ -147,23 +149,17 @@ def slow_stretches(
     p_value = float(stats.poisson.sf(pairs - 1, expected)) if expected > 0 else \
         float(pairs == 0)
 
-    stretches = []
-    start = None
-    for i in range(len(s)):
-        if s[i] and start is not None and follows[i - 1]:
-            continue  # the stretch goes on
-        if start is not None:
-            stretches.append((start, i - 1))
-            start = None
-        if s[i]:
-            start = i
-    if start is not None:
-        stretches.append((start, len(s) - 1))
+    # a stretch starts at a slow GPU-step that does not follow a slow one, ends at one that
+    # no slow one follows
+    joined = follows & s[1:] & s[:-1]
+    first = s & ~np.concatenate([[False], joined])
+    last = s & ~np.concatenate([joined, [False]])
+    stretches = zip(np.flatnonzero(first), np.flatnonzero(last), strict=True)
     res = residual[order]
     steps_sorted = step[order]
     runs = pd.DataFrame(
         [{"gpu": str(gpu_labels[g[a]]), "first_step": str(step_labels[steps_sorted[a]]),
-          "last_step": str(step_labels[steps_sorted[b]]), "steps": b - a + 1,
+          "last_step": str(step_labels[steps_sorted[b]]), "steps": int(b - a + 1),
           "slowdown": float(np.expm1(np.median(res[a:b + 1])))} for a, b in stretches],
         columns=["gpu", "first_step", "last_step", "steps", "slowdown"])
     return PersistentSlowdowns(kernel_class, int(slow.size), int(slow.sum()), pairs, expected,
