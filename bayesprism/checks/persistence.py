@@ -139,11 +139,12 @@ def slow_stretches(
     spread = 1.4826 * float(np.median(np.abs(residual)))
     slow = residual > max(SLOW_SPREADS * spread, MIN_SLOWDOWN)
 
-    run, number = _run_and_number(step_labels)
-    order = np.lexsort((number[step], run[step], gpu))
-    g, r, k, s = gpu[order], run[step][order], number[step][order], slow[order]
+    run, number = (codes[step] for codes in _run_and_number(step_labels))
+    order = np.lexsort((number, run, gpu))
+    g, r, k, s = gpu[order], run[order], number[order], slow[order]
     follows = (g[1:] == g[:-1]) & (r[1:] == r[:-1]) & (k[1:] == k[:-1] + 1)
-    pairs = int(np.count_nonzero(follows & s[1:] & s[:-1]))
+    joined = follows & s[1:] & s[:-1]  # consecutive steps of one GPU, both slow
+    pairs = int(np.count_nonzero(joined))
     share = float(slow.mean())
     expected = float(np.count_nonzero(follows)) * share**2
     p_value = float(stats.poisson.sf(pairs - 1, expected)) if expected > 0 else \
@@ -151,7 +152,6 @@ def slow_stretches(
 
     # a stretch starts at a slow GPU-step that does not follow a slow one, ends at one that
     # no slow one follows
-    joined = follows & s[1:] & s[:-1]
     first = s & ~np.concatenate([[False], joined])
     last = s & ~np.concatenate([joined, [False]])
     stretches = zip(np.flatnonzero(first), np.flatnonzero(last), strict=True)
