@@ -87,10 +87,10 @@ def logp_grad_seconds(model, repeats: int = 20) -> float:
 DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "simulated" / "megatron-3d-dev"
 
 
-def dev_case(draws: int, tune: int, seed: int, with_nccl: bool = False,
+def dev_case(draws: int | None, tune: int | None, seed: int, with_nccl: bool = False,
              with_fleet: bool = False) -> int:
     """Ingest and fit the traced 3D job (and its nccl-tests sweep, its fleet GEMM benchmark);
-    print seconds and convergence."""
+    print seconds and convergence. ``None``: ``bayesprism.fit``'s default draws or warm-up."""
     import bayesprism as bp
     from bayesprism.inference import convergence_summary
 
@@ -100,12 +100,13 @@ def dev_case(draws: int, tune: int, seed: int, with_nccl: bool = False,
     table = bp.read_traces(inputs, progress=False)
     t1 = time.perf_counter()
     print(f"ingest {t1 - t0:.1f} s: {len(table):,} rows", flush=True)
-    post = bp.fit(table, draws=draws, tune=tune, random_seed=seed, progress=False)
+    given = {k: v for k, v in (("draws", draws), ("tune", tune)) if v is not None}
+    post = bp.fit(table, **given, random_seed=seed, progress=False)
     t2 = time.perf_counter()
     conv = convergence_summary(post)
     print(f"fit {t2 - t1:.1f} s (sampler {post.attrs.get('sampler')}, "
-          f"{post.attrs.get('seconds', float('nan')):.1f} s in fit()), draws {draws}, "
-          f"tune {tune}")
+          f"{post.attrs.get('seconds', float('nan')):.1f} s in fit()), draws "
+          f"{post.attrs['draws']}, tune {post.attrs['tune']}")
     print("convergence: " + ", ".join(f"{k} {v}" for k, v in conv.items()
                                       if not isinstance(v, (dict, list))))
     return 0
@@ -121,9 +122,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small table for a smoke run")
-    parser.add_argument("--draws", type=int, default=1000)
+    parser.add_argument("--draws", type=int, default=None,
+                        help="draws per chain (default 1000; --dev: bayesprism.fit's)")
     # data-centred coordinates start the chains near the posterior: 300 warm-up draws suffice
-    parser.add_argument("--tune", type=int, default=300)
+    parser.add_argument("--tune", type=int, default=None,
+                        help="warm-up per chain (default 300; --dev: bayesprism.fit's)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--dev", action="store_true",
                         help="fit the traced 3D job of ../shared/data/simulated instead")
@@ -133,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --dev: fit its fleet GEMM benchmark jointly")
     args = parser.parse_args(argv)
     if args.dev:
-        return dev_case(args.draws, max(args.tune, 1000), args.seed, args.with_nccl,
-                        args.with_fleet)
+        return dev_case(args.draws, args.tune, args.seed, args.with_nccl, args.with_fleet)
+    args.draws = 1000 if args.draws is None else args.draws
+    args.tune = 300 if args.tune is None else args.tune
     shape = (8, 8, 10, 10, 20) if args.quick else (64, 8, 20, 20, 50)
     table = synthetic_table(*shape)
     print(f"table: {len(table):,} launches ({shape[0]} nodes × {shape[1]} GPUs × {shape[2]} "
