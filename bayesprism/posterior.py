@@ -102,7 +102,9 @@ def thin_draws(posterior: xr.DataTree, draws: int | None) -> xr.DataTree:
     """Keep ``draws`` evenly spaced posterior draws (chain-major order), as one chain.
 
     Deterministic (no randomness), so a base forecast and its counterfactuals see the same
-    draws. Every group with both ``chain`` and ``draw`` dims is thinned the same way.
+    draws. Every group with the posterior's ``chain`` and ``draw`` sizes is thinned the same
+    way; groups of other draws (a fit's warm-up) are left out, since their draws are not
+    posterior draws.
 
     Parameters
     ----------
@@ -130,6 +132,9 @@ def thin_draws(posterior: xr.DataTree, draws: int | None) -> xr.DataTree:
     for name, child in posterior.children.items():
         ds = child.to_dataset()
         if "chain" not in ds.dims or "draw" not in ds.dims:
+            continue
+        if (ds.sizes["chain"], ds.sizes["draw"]) != (group.sizes["chain"], group.sizes["draw"]):
+            tree = tree.drop_nodes(name)
             continue
         flat = ds.stack(sample=SAMPLE_DIMS).isel(sample=keep)
         flat = flat.drop_vars(["sample", "chain", "draw"]).rename({"sample": "draw"})

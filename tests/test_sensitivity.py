@@ -96,6 +96,18 @@ def test_thin_draws_keeps_evenly_spaced_draws_of_all_chains():
     np.testing.assert_array_equal(group["node_effect"].to_numpy()[0], flat[[0, 6, 13, 19]])
 
 
+def test_thin_draws_leaves_out_warm_up_draws_of_another_length():
+    """A fit with 10 draws after 6 warm-up draws per chain: the posterior's draws are thinned
+    and the warm-up group, whose draws are not the posterior's, is left out (it used to be
+    indexed by the posterior's draw numbers: an IndexError whenever draws > tune)."""
+    post = analysis_posterior(chains=2, draws=10, node_effect_sd=1.0)
+    warm_up = post["posterior"].to_dataset().isel(draw=slice(0, 6))
+    post["warmup_posterior"] = warm_up
+    thinned = thin_draws(post, 15)
+    assert dict(thinned["posterior"].sizes)["draw"] == 15
+    assert "warmup_posterior" not in thinned.children
+
+
 def test_printed_table_lists_sources_with_spread(noisy_posterior):
     result = sensitivity(noisy_posterior, analysis_plan(dp=4), draws=3, replicates=4)
     text = format_table(result, "dp4", top=3)
