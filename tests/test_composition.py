@@ -377,3 +377,18 @@ def test_idle_is_the_same_in_the_exact_and_the_fast_path():
     # the slowest of 4,096 ranks, capped at 20x the mean: bounded, above every traced value
     extra = exact.step_time_s * 1e6 - 1000.0
     assert np.all(extra > 300.0) and np.all(extra < 20 * (300.0 + 60.0))
+
+
+def test_gamma_quantiles_in_blocks_equal_one_call():
+    """The idle draws' inverse gamma CDF, shared out over threads by blocks of draws, gives
+    the same numbers as one call (large arrays are split, small ones are not)."""
+    from scipy import special
+
+    from bayesprism.forecast.composition import _gamma_upper_quantile
+
+    rng = np.random.default_rng(0)
+    for shape_of in ((301, 8, 50), (3, 2, 5)):
+        shape = rng.uniform(0.2, 30.0, shape_of)
+        tail = rng.random(shape_of) ** 4
+        np.testing.assert_array_equal(_gamma_upper_quantile(shape, tail),
+                                      special.gammainccinv(shape, tail))

@@ -126,8 +126,11 @@ resampled from a draw's replicates is one run on one fixed cluster.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -547,8 +550,7 @@ def _idle_draws(model: PlanModel, replicates: int, rng: np.random.Generator, log
     scale = np.where(spread, var / np.where(mean > 0, mean, 1.0), 0.0)[:, None, :]
     # upper tail 1 - U^(1/g) = -expm1(log(U) / g), exact even for g in the millions
     tail = -np.expm1(np.log(np.maximum(u, 1e-300)) / np.maximum(group, 1))
-    with np.errstate(over="ignore", invalid="ignore"):
-        x = special.gammainccinv(shape, tail) * scale
+    x = _gamma_upper_quantile(np.broadcast_to(shape, tail.shape), tail) * scale
     cap = math.exp(log_cap) * mean[:, None, :]
     x = np.where(spread[:, None, :], np.minimum(np.nan_to_num(x, nan=np.inf), cap),
                  mean[:, None, :])
@@ -557,6 +559,30 @@ def _idle_draws(model: PlanModel, replicates: int, rng: np.random.Generator, log
     ratio = c / np.where(theta > 0, theta, 1.0)
     capped_mean = mean * special.gammainc(k + 1.0, ratio) + c * special.gammaincc(k, ratio)
     return x.sum(axis=-1), np.where(spread, capped_mean, mean).sum(axis=-1)
+
+
+def _gamma_upper_quantile(shape: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    """``special.gammainccinv(shape, tail)``, in blocks of rows on the machine's cores.
+
+    The inverse is the forecast's costliest step when a job has hundreds of idle segments
+    (dev traces: 311 segments x 1,000 draws x 8 replicates, 1.5 s of the 2 s per plan); the
+    ufunc releases the GIL, so threads share it out. Element by element, hence the same
+    numbers as one call.
+    """
+    workers = min(os.cpu_count() or 1, 8, shape.shape[0])
+    out = np.empty(tail.shape)
+
+    def block(rows: slice) -> None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            out[rows] = special.gammainccinv(shape[rows], tail[rows])
+
+    if workers <= 1 or tail.size < 100_000:
+        block(slice(None))
+        return out
+    edges = np.linspace(0, shape.shape[0], workers + 1).astype(int)
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(block, [slice(a, b) for a, b in itertools.pairwise(edges)]))
+    return out
 
 
 def _assemble(model, shared, schedule, finish, mean_mult, max_mult, idle, ideal_s):
