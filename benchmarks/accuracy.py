@@ -322,24 +322,54 @@ def cluster_checks(post, plans: list, step, folder: Path, name: str, args) -> No
     """Each target's scores against what the forecast itself scores against a sample of the
     truth's size (its clusters of new nodes, its steps per cluster), and the spread of the
     clusters' medians against the forecast's (:func:`bayesprism.checks.metrics.
-    cluster_sample_check`): whether a miss is the forecast's or the small sample's."""
-    import bayesprism as bp
+    cluster_sample_check`): whether a miss is the forecast's or the small sample's. The truth's
+    clusters share one fleet, so each calibrated sample takes its clusters from one posterior
+    draw (:func:`clusters_per_draw`)."""
     from bayesprism.checks.metrics import cluster_sample_check
 
     steps = pd.read_csv(folder / "truth_steps.csv.gz")
-    longest = int(steps.groupby(["target", "draw"]).size().max())
-    simulated = bp.forecast(post, plans, draws=max(100, args.pred_draws // 5),
-                            replicates=longest, random_seed=args.seed + 1, progress=False)
-    simulated = simulated["step"] if "step" in simulated.children else simulated
+    sizes = steps.groupby(["target", "draw"]).size()
+    longest = int(sizes.max())
+    n_clusters = int(steps.groupby("target")["draw"].nunique().max())
+    simulated = clusters_per_draw(post, plans, max(40, args.pred_draws // 25), n_clusters,
+                                  longest, args.seed + 1)
     for plan in plans:
         observed = [g["step_time_s"].to_numpy()
                     for _, g in steps[steps["target"] == plan.name].groupby("draw")]
         check = cluster_sample_check(
             step["step_time_s"].sel(plan=plan.name).to_numpy().ravel(),
-            simulated["step_time_s"].sel(plan=plan.name).to_numpy(), observed,
-            resamples=args.resamples // 20, random_seed=args.seed)
+            simulated[plan.name], observed, resamples=args.resamples // 20,
+            random_seed=args.seed)
         args.cluster_rows.append({"case": name, "target": plan.name,
                                   "clusters": len(observed), **check})
+
+
+def clusters_per_draw(post, plans: list, draws: int, clusters: int, steps: int,
+                      seed: int) -> dict[str, np.ndarray]:
+    """Per plan, ``(draws, clusters, steps)`` step times: ``clusters`` clusters of new nodes
+    for each of ``draws`` evenly spaced posterior draws (each draw repeated, forecast in blocks
+    of a few draws to bound memory)."""
+    import bayesprism as bp
+    from bayesprism.posterior import thin_draws
+
+    thinned = thin_draws(post, draws)
+    out = {plan.name: [] for plan in plans}
+    block = max(1, 120 // clusters)
+    for start in range(0, draws, block):
+        picked = np.repeat(np.arange(start, min(start + block, draws)), clusters)
+        repeated = thinned.copy()
+        for group, child in thinned.children.items():
+            ds = child.to_dataset()
+            if "draw" in ds.dims and "chain" in ds.dims:
+                repeated[group] = ds.isel(draw=picked).assign_coords(
+                    draw=np.arange(picked.size))
+        forecast = bp.forecast(repeated, plans, draws=picked.size, replicates=steps,
+                               random_seed=seed + start, progress=False)
+        forecast = forecast["step"] if "step" in forecast.children else forecast
+        for plan in plans:
+            values = forecast["step_time_s"].sel(plan=plan.name).to_numpy()
+            out[plan.name].append(values.reshape(-1, clusters, steps))
+    return {name: np.concatenate(parts) for name, parts in out.items()}
 
 
 def print_table(title: str, table: pd.DataFrame) -> None:

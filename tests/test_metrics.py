@@ -176,3 +176,23 @@ def test_cluster_sample_check_tells_chance_from_a_wrong_spread_or_level():
         metrics.cluster_sample_check(pooled, forecast, [np.ones(200)])
     with pytest.raises(ValueError, match="at least 12 simulated"):
         metrics.cluster_sample_check(pooled, forecast[:5], list(forecast[:12]))
+
+
+def test_cluster_sample_check_draws_a_calibrated_sample_from_one_posterior_draw():
+    """Clusters that share one fleet (the truth's) differ by their nodes only, not by the
+    posterior's uncertainty: grouped by posterior draw, a truth from one draw is calibrated;
+    pooled over draws, its clusters look too close (the check's bias before grouping)."""
+    rng = np.random.default_rng(4)
+    draw_level = 0.02 * rng.standard_normal((100, 1, 1))
+    forecast = np.exp(draw_level + 0.002 * rng.standard_normal((100, 12, 1))
+                      + 0.01 * rng.standard_normal((100, 12, 150)))
+    pooled = forecast[:, :, :8].ravel()
+    truth = list(np.exp(0.02 * rng.standard_normal() + 0.002 * rng.standard_normal((12, 1))
+                        + 0.01 * rng.standard_normal((12, 150))))
+    grouped = metrics.cluster_sample_check(pooled, forecast, truth, resamples=300)
+    assert grouped["spread_p_low"] > 0.01 and grouped["spread_p_high"] > 0.01
+    flat = metrics.cluster_sample_check(pooled, forecast.reshape(-1, 150), truth,
+                                        resamples=300)
+    assert flat["spread_p_low"] < 0.01
+    with pytest.raises(ValueError, match="at least 13 simulated clusters"):
+        metrics.cluster_sample_check(pooled, forecast, truth + truth[:1])
