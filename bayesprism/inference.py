@@ -251,7 +251,7 @@ def _warn_convergence(tree: xr.DataTree) -> None:
             ConvergenceWarning, stacklevel=3)
 
 
-def fit(tables, spec=None, *, draws: int = 1500, tune: int = 1000, chains: int = 2,
+def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int = 2,
         sampler: str = "auto", random_seed: int = 0, progress: bool = True,
         target_accept: float | None = None) -> xr.DataTree:
     """Fit a model to trace tables and return its posterior as a self-describing DataTree.
@@ -268,10 +268,7 @@ def fit(tables, spec=None, *, draws: int = 1500, tune: int = 1000, chains: int =
         TOML path. ``None`` means ``ModelSpec.default()``, or the step spec when every row is a
         step-level row (``kernel_class == "step"``; a ``UserWarning`` says so).
     draws, tune, chains
-        Posterior draws and warm-up iterations per chain, and the number of chains. Two
-        chains (one per core of a 2-core machine) of 1,000 draws put the largest rank-normalised
-        R-hat over a few hundred well-mixed parameters above 1.01 by chance (dev traces: 1.013
-        and 1.016 at two seeds in three; 1,500 draws: 1.004-1.005 at four seeds), hence 1,500.
+        Posterior draws and warm-up iterations per chain, and the number of chains.
     sampler
         ``"auto"`` (nutpie when installed, else PyMC), ``"nutpie"``, ``"pymc"``, ``"advi"``,
         ``"pathfinder"`` (only with pymc-extras importable).

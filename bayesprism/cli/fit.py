@@ -38,7 +38,7 @@ def register(sub) -> None:
                         help="named spec (models/NAME.toml) or a spec TOML file (default: "
                         "'default', or 'step' when every row is a step-level row; --model: its "
                         "earlier name)")
-    parser.add_argument("--draws", type=int, default=1500, help="draws per chain (default 1500)")
+    parser.add_argument("--draws", type=int, default=1000, help="draws per chain (default 1000)")
     parser.add_argument("--tune", type=int, default=1000, help="warm-up per chain (default 1000)")
     parser.add_argument("--chains", type=int, default=2, help="chains (default 2)")
     parser.add_argument("--random-seed", "--seed", dest="random_seed", type=int,

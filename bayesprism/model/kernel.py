@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy.linalg import helmert
 
 from bayesprism.costs import collectives as coll
 from bayesprism.errors import InputError, Problem
@@ -54,12 +55,11 @@ from bayesprism.model.effects import class_scales, segment_sum, soft_scale_floor
 from bayesprism.model.prepared import PreparedData
 from bayesprism.model.rows import row_likelihood
 from bayesprism.model.start import (
-    BaselineCoordinates,
     class_spread_start,
     episode_start,
     gpustep_core_start,
     gpustep_resolution,
-    kernel_baseline_coordinates,
+    kernel_baseline_se,
     robust_unit_effects,
     unit_effect_estimates,
     unit_resolution,
@@ -580,6 +580,12 @@ def _fit_attrs(spec: ModelSpec, levels: _Levels, param: dict[str, str]) -> dict:
         # baselines to the step contrasts: diagonal mass matrix on PAL, 4 chains x 1000 draws:
         # R-hat 1.016, ESS 105; low-rank: R-hat 1.008, ESS 904
         attrs["mass_matrix"] = "low_rank"
+    if "gpustep" in fitted and spec.population("gpustep") == "degraded":
+        # the kernel baselines share a common direction that no single coordinate follows
+        # (dev traces, 2 chains x 1000 draws, seeds 0 and 2: the all-kernels mean at bulk ESS
+        # 50-70, correlated 0.9 with most contrasts, under a diagonal mass matrix; low-rank:
+        # min ESS 277-508, no divergences, ~6 s more)
+        attrs["mass_matrix"] = "low_rank"
     if spec.likelihood == "mixture":
         # with few slow launches the slow component's shift and spread are nearly prior-only,
         # and at target 0.8 a chain occasionally diverges there (1 in 2,000 draws at w = 0)
@@ -784,15 +790,14 @@ def build_kernel(prepared: PreparedData, spec: ModelSpec, rows: bool = False):
 
 
 def _kernel_baselines(kernel_mean: np.ndarray, cls: np.ndarray, n_classes: int, spec: ModelSpec,
-                      coordinates: BaselineCoordinates | None = None, data_start: bool = False):
+                      se=1.0, data_start: bool = False):
     """Kernel baselines a_k pooled within class, the class mean integrated out.
 
     a_k ~ N(m_c, sd_c), m_c ~ N(loc, τ): per class the baselines are jointly normal with
     covariance sd_c²·I + τ²·11ᵀ, evaluated in closed form (matrix determinant lemma). Sampling
     m_c instead puts a funnel between m_c and sd_c for classes with one or two kernels.
-    ``coordinates``: the data's standard errors and shared direction of the baselines, the
-    units of ``kernel_log_median_coef`` (else the coefficients are the baselines' offsets from
-    the kernels' mean log durations); ``data_start``: start the class sds at the kernels' spread.
+    ``se``: the data's standard errors of the baselines' Helmert coordinates, the units of
+    ``kernel_log_median_coef``; ``data_start``: start the class sds at the kernels' spread.
     """
     import pymc as pm
     import pytensor.tensor as pt
@@ -807,15 +812,14 @@ def _kernel_baselines(kernel_mean: np.ndarray, cls: np.ndarray, n_classes: int, 
                         initval=class_spread_start(kernel_mean, cls, n_classes)
                         if data_start else None)
     # Data-dominated baselines, sampled as the observed means plus standard errors times
-    # kernel_log_median_coef (bayesprism.model.start.kernel_baseline_coordinates): per kernel,
-    # with the move every compute kernel shares as a coordinate of its own.
+    # kernel_log_median_coef (bayesprism.model.start), in an orthonormal basis whose first
+    # vector is the all-kernels mean: the mean of the integrated GPU×step effects shifts every
+    # baseline alike, and a diagonal mass matrix handles that common direction only when it is
+    # a coordinate of its own.
+    basis = helmert(len(kernel_mean), full=True)
     pm.modelcontext(None).add_coord("kernel_basis", list(range(len(kernel_mean))))
     coef = pm.Flat("kernel_log_median_coef", dims="kernel_basis")
-    if coordinates is None:
-        a_free = pt.as_tensor(np.asarray(kernel_mean, dtype=float)) + coef
-    else:
-        a_free = np.asarray(kernel_mean, dtype=float) + coordinates.se * coordinates.reflect(
-            coordinates.scale * coef, xp=pt)
+    a_free = loc + pt.dot(basis @ (np.asarray(kernel_mean, dtype=float) - loc) + se * coef, basis)
     count = np.bincount(cls, minlength=n_classes).astype(float)
     dev = a_free - loc
     var = class_sd**2
@@ -862,7 +866,7 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     # appears with the plain coordinates, so it was the model, not the coordinates.)
     centred_coords = not spec.fits_rows
     a_free = _kernel_baselines(d["kernel_mean"], cls, n_classes, spec,
-                               kernel_baseline_coordinates(d) if centred_coords else None,
+                               kernel_baseline_se(d) if centred_coords else 1.0,
                                data_start=centred_coords)
     # data starts (model.start) on the cell likelihood, as its centred coordinates: row fits
     # are small and start well from the priors (and a row mixture's scale is its core's

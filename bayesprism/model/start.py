@@ -13,8 +13,6 @@ jitter a few posterior sds and the start nearly stationary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 
@@ -101,82 +99,27 @@ def unit_effect_estimates(data: dict, levels: list[str]) -> dict[str, tuple[np.n
             for level, effect in effects.items()}
 
 
-@dataclass(frozen=True)
-class BaselineCoordinates:
-    """How the kernel baselines are sampled: ``a = mean + se ⊙ (H · (scale ⊙ z))``.
+def kernel_baseline_se(data: dict) -> np.ndarray:
+    """Standard errors of the kernel baselines' Helmert coordinates (all-kernels mean first).
 
-    ``se``: each kernel's standard error (the launches' own noise, unit effects cancelled);
-    ``direction``: the unit vector, in se-scaled coordinates, along which everything the
-    GPU-steps share moves every compute kernel alike; ``scale``: per coordinate of ``z`` (the
-    first is that shared direction, the others 1). ``H`` is the Householder reflection that
-    takes the first coordinate to ``direction`` (:meth:`reflect`), so the shared move is a
-    coordinate of its own, and a kernel with few launches stays nearly a coordinate of its
-    own too.
-    """
-
-    se: np.ndarray
-    direction: np.ndarray
-    scale: np.ndarray
-
-    def reflect(self, x, xp=np):
-        """``H x`` for the Householder reflection with ``H e_0 = direction`` (``xp``: the array
-        namespace, NumPy or PyTensor's tensor module)."""
-        v = -self.direction.copy()
-        v[0] += 1.0
-        norm2 = float(v @ v)
-        if norm2 < 1e-24:  # the direction is the first coordinate already
-            return x
-        return x - (2.0 / norm2) * v * xp.sum(v * x)
-
-
-def kernel_baseline_coordinates(data: dict) -> BaselineCoordinates:
-    """Per-kernel standard errors and the shared direction of the kernel baselines.
-
-    A kernel's baseline moves with its own launches' noise: its cells' deviations from their
-    block's pooled mean (unit effects cancel), averaged over its cells. Every compute kernel
-    moves with what the GPU-steps share (the integrated GPU×step effects): by the spread of
-    the pooled block means over the blocks. Kernels with few launches are known far less well
-    than dense ones (dev traces: posterior sds from 6e-5 to 2e-3); one orthonormal basis over
-    all of them (Helmert) mixed those scales into every coordinate, and a diagonal mass matrix
-    then met a 20-dimensional ridge (bulk ESS 84).
+    The all-kernels mean moves with everything the GPU-steps share: the spread of the pooled
+    block means over the blocks. The contrasts between kernels move only with the launches'
+    own noise: cell deviations from their block's pooled mean (unit effects cancel), averaged
+    over a kernel's cells.
     """
     block_n, block_r = _block_residuals(data)
     used = block_n > 0
     n_blocks = int(used.sum())
-    common = MIN_SE
+    mean_se = MIN_SE
     if n_blocks > 1:
         r, n = block_r[used], block_n[used]
         spread = np.sqrt(np.average((r - np.average(r, weights=n)) ** 2, weights=n))
-        common = max(float(spread / np.sqrt(n_blocks)), MIN_SE)
+        mean_se = max(float(spread / np.sqrt(n_blocks)), MIN_SE)
     kernel = data["cell_kernel"]
     n_kernels = int(kernel.max()) + 1
     values = data["cell_dev"] - block_r[data["cell_gpustep"]]
-    se = _kernel_se(values, data["cell_n"], kernel, n_kernels)
-    shared = _reference_classes(data)[np.asarray(data["kernel_class_of_kernel"])]
-    if not shared.any():
-        shared = np.ones(n_kernels, dtype=bool)
-    direction = shared / se
-    length = float(np.sqrt(direction @ direction))
-    direction = direction / length
-    scale = np.ones(n_kernels)
-    scale[0] = np.sqrt(1.0 + (common * length) ** 2)
-    return BaselineCoordinates(se=se, direction=direction, scale=scale)
-
-
-def _kernel_se(values, weights, index, size) -> np.ndarray:
-    """Standard error of each kernel's weighted mean of ``values`` over its cells; a kernel
-    with one cell gets the spread of all cells (at least :data:`MIN_SE`)."""
-    mean = _weighted_mean(values, weights, index, size)
-    count = np.bincount(index, minlength=size)
-    var = _weighted_mean((values - mean[index]) ** 2, weights, index, size)
-    ok = count > 1
-    se = np.full(size, 1.0)
-    if ok.any():
-        se[ok] = np.sqrt(var[ok] / count[ok])
-        spread = np.sqrt(np.average((values - np.average(values, weights=weights)) ** 2,
-                                    weights=weights))
-        se[~ok] = spread
-    return np.maximum(se, MIN_SE)
+    contrast_se = _within_se(values, data["cell_n"], kernel, n_kernels) if n_kernels > 1 else 1.0
+    return np.r_[mean_se, np.full(n_kernels - 1, contrast_se)]
 
 
 def _medians(values: np.ndarray, index: np.ndarray, size: int) -> np.ndarray:
