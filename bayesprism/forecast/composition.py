@@ -569,7 +569,10 @@ def _gamma_upper_quantile(shape: np.ndarray, tail: np.ndarray) -> np.ndarray:
     ufunc releases the GIL, so threads share it out. Element by element, hence the same
     numbers as one call.
     """
-    workers = min(os.cpu_count() or 1, 8, shape.shape[0])
+    # the cores this process may use (a container's share, not the host's count)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    workers = min(cores, 8, shape.shape[0])
     out = np.empty(tail.shape)
 
     def block(rows: slice) -> None:
