@@ -343,6 +343,35 @@ def _noncentred_loading(level: str, spec: ModelSpec):
     return pm.HalfNormal(f"{level}_scale", spec.prior("level_scale"), dims="kernel_class")
 
 
+def data_scaled_half_normal(name: str, prior_sd: float, start: np.ndarray, log_se: np.ndarray,
+                            dims: str):
+    """A scale with a half-normal prior sampled as ``exp(log(start) + log_se · z)``, z flat.
+
+    Parameters
+    ----------
+    name
+        The scale's name (a Deterministic); ``{name}_z`` is the sampled coordinate and
+        ``{name}_prior`` the half-normal prior with the change of variables' Jacobian.
+    prior_sd
+        Scale of the half-normal prior.
+    start, log_se
+        The data's estimate of the scale and the standard error of its log: a scale the data
+        pin to a fraction of a percent (a residual sd over 10^5 launches) then moves about
+        ``z`` = ±1 per posterior sd, so a sampler's start jitter of ±1 stays in the typical
+        set instead of hundreds of sds (10^5 log units) away. A change of coordinates, not of
+        model.
+    dims
+        The scale's dims.
+    """
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    log_scale = np.log(start) + log_se * pm.Flat(f"{name}_z", dims=dims)
+    scale = pm.Deterministic(name, pt.exp(log_scale), dims=dims)
+    pm.Potential(f"{name}_prior", pt.sum(-0.5 * pt.square(scale / prior_sd) + log_scale))
+    return scale
+
+
 def soft_scale_floor(level: str, scale, resolution: float) -> None:
     """Multiply the prior of a population ``scale`` by s² / (s² + r²), r = :data:`SCALE_FLOOR`
     × ``resolution`` (the standard error with which the data resolve one unit): spreads the

@@ -51,7 +51,13 @@ from scipy.linalg import helmert
 from bayesprism.costs import collectives as coll
 from bayesprism.errors import InputError, Problem
 from bayesprism.model.cells import CellStats
-from bayesprism.model.effects import class_scales, segment_sum, soft_scale_floor, unit_level
+from bayesprism.model.effects import (
+    class_scales,
+    data_scaled_half_normal,
+    segment_sum,
+    soft_scale_floor,
+    unit_level,
+)
 from bayesprism.model.prepared import PreparedData
 from bayesprism.model.rows import row_likelihood
 from bayesprism.model.start import (
@@ -1173,8 +1179,9 @@ def _small_latency_index(d: dict, tiers: np.ndarray) -> np.ndarray:
     return np.where(d["coll_cell_small"] > 0, position[d["coll_cell_tier"]], tiers.size)
 
 
-def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Centre and whitening of the cost model's coordinates (NumPy only).
+def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, ...]:
+    """Centre and whitening of the cost model's coordinates, and start values of its noise and
+    congestion scales (NumPy only).
 
     The coordinates are, per pair, the log transfer time ``m`` at its reference point and the
     logit ``s`` of its latency share there. Their posterior is far from independent: a pair
@@ -1194,9 +1201,12 @@ def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]
 
     Returns
     -------
-    (theta, chol)
+    (theta, chol, noise, congestion)
         ``theta``: the ``m`` of every pair, then the ``s`` of every pair, then the fitted ρ;
-        ``chol``: the lower Cholesky factor of their approximate posterior covariance.
+        ``chol``: the lower Cholesky factor of their approximate posterior covariance;
+        ``noise`` and ``congestion``: the scales estimated from the residuals at the mode, per
+        noise scale (``coll_cell_scale``) and per congestion scale (``coll_cell_congestion``),
+        starts for the sampler.
     """
     pair = d["coll_cell_pair"]
     n_pairs = len(d["coll_pair_collective"])
@@ -1254,8 +1264,8 @@ def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]
 
     def information(log_time: np.ndarray, logit: np.ndarray,
                     rho: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Gauss-Newton information and score of (m, s[, ρ]), and the noise and congestion
-        variances (per scale) re-estimated at the point."""
+        """Gauss-Newton information and score of (m, s[, ρ]), the noise and congestion
+        variances (per scale) re-estimated at the point, floored, and the noise's unfloored."""
         share = 1.0 / (1.0 + np.exp(-logit))
         lat_eff = lat_rel + rho_cells @ rho
         h = _log_share_shape(logit[pair], lat_eff, bytes_rel)
@@ -1267,8 +1277,9 @@ def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]
         spread = ss + n * (r - r_g[group]) ** 2
         # floors (noise 1 %, congestion 0.1 %): without replicates the data give no scale,
         # and a zero one would make the whitening collapse the coordinates
-        noise2 = np.maximum(np.bincount(coll_of_cell, weights=spread, minlength=n_coll)
-                            / np.bincount(coll_of_cell, weights=n, minlength=n_coll), 1e-4)
+        noise2_data = (np.bincount(coll_of_cell, weights=spread, minlength=n_coll)
+                       / np.maximum(np.bincount(coll_of_cell, weights=n, minlength=n_coll), 1.0))
+        noise2 = np.maximum(noise2_data, 1e-4)
         noise2_g = (np.bincount(group, weights=n * noise2[coll_of_cell], minlength=n_groups)
                     / n_g)
         shift2 = np.maximum(r_g**2 - noise2_g / n_g, 0.0)
@@ -1301,17 +1312,17 @@ def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]
         rho_at = 2 * n_pairs + np.arange(n_rho)
         info[rho_at, rho_at] += rho_prec
         score[rho_at] -= rho * rho_prec
-        return info, score, noise2, cong2
+        return info, score, noise2, cong2, noise2_data
 
     for _ in range(GAUSS_NEWTON_STEPS):
-        info, score, _, _ = information(log_time, logit, rho)
+        info, score, *_ = information(log_time, logit, rho)
         step = np.clip(np.linalg.solve(info, score), -1.0, 1.0)  # damped: s can meet a wall
         log_time = log_time + step[:n_pairs]
         logit = np.clip(logit + step[n_pairs:2 * n_pairs], -LOGIT_LIMIT, LOGIT_LIMIT)
         rho = rho + step[2 * n_pairs:]
         if np.abs(step).max() < 1e-8:
             break
-    info, _, noise2, cong2 = information(log_time, logit, rho)
+    info, _, noise2, cong2, noise2_data = information(log_time, logit, rho)
     lat_rel = lat_rel + rho_cells @ rho
     try:
         cov = np.linalg.inv(info)
@@ -1363,7 +1374,8 @@ def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]
         chol = np.linalg.cholesky(cov)
     except np.linalg.LinAlgError:
         chol = np.diag(np.sqrt(np.maximum(np.diag(cov), 1e-12)))
-    return theta, chol
+    # start scales: the noise unfloored (a start, not a whitening; 1e-4 keeps its log finite)
+    return theta, chol, np.sqrt(np.maximum(noise2_data, 1e-8)), np.sqrt(cong2)
 
 
 def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
@@ -1410,7 +1422,7 @@ def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
     pm.Data("coll_reference_latency_steps", d["coll_pair_latency_steps"], dims="coll_pair")
     pm.Data("coll_reference_bus_bytes", d["coll_pair_bytes_factor"], dims="coll_pair")
 
-    theta_hat, chol = _collective_start(d, spec)
+    theta_hat, chol, noise_start, congestion_start = _collective_start(d, spec)
     rho_tiers = small_latency_tiers(d)
     pm.modelcontext(None).add_coord(
         "coll_coef", [f"{kind}:{label}" for kind in ("log_time", "logit_share")
@@ -1466,14 +1478,29 @@ def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
     pm.Potential("coll_prior", prior)
     pm.Deterministic("coll_latency_us", pt.exp(log_lat), dims=("collective", "tier"))
     pm.Deterministic("coll_bandwidth_gbps", pt.exp(log_bw), dims=("collective", "tier"))
-    noise = pm.HalfNormal("coll_noise", spec.prior("coll_noise"), dims="collective")
+    # Start the scales at the residuals' estimates: the prior's support point (noise 0.24)
+    # sits ~500k log units below the typical set of the dev traces' collective launches (noise
+    # ≈ 0.02), which cost nutpie's first 50 warm-up draws about 270 leapfrog steps each.
+    n_bench = len(prepared.coords.get("coll_benchmarked", []))
+    noise_start = np.pad(noise_start, (0, n_coll + n_bench - noise_start.size),
+                         constant_values=spec.prior("coll_noise"))
+    congestion_start = np.pad(congestion_start, (0, n_pairs + n_bench - congestion_start.size),
+                              constant_values=spec.prior("coll_congestion"))
+    # the noise, pinned by each collective's launches, in data-scaled coordinates (a log sd's
+    # standard error is 1 / sqrt(2 n))
+    noise_se = 1.0 / np.sqrt(2.0 * np.maximum(np.bincount(
+        d["coll_cell_scale"], weights=d["coll_cell_n"], minlength=noise_start.size), 0.5))
+    noise = data_scaled_half_normal("coll_noise", spec.prior("coll_noise"),
+                                    noise_start[:n_coll], noise_se[:n_coll], "collective")
     congestion = pm.HalfNormal("coll_congestion", spec.prior("coll_congestion"),
-                               dims="coll_pair")
-    if "coll_benchmarked" in prepared.coords:
-        noise = pt.concatenate([noise, pm.HalfNormal(
-            "coll_bench_noise", spec.prior("coll_noise"), dims="coll_benchmarked")])
+                               dims="coll_pair", initval=congestion_start[:n_pairs])
+    if n_bench:
+        noise = pt.concatenate([noise, data_scaled_half_normal(
+            "coll_bench_noise", spec.prior("coll_noise"), noise_start[n_coll:],
+            noise_se[n_coll:], "coll_benchmarked")])
         congestion = pt.concatenate([congestion, pm.HalfNormal(
-            "coll_bench_congestion", spec.prior("coll_congestion"), dims="coll_benchmarked")])
+            "coll_bench_congestion", spec.prior("coll_congestion"), dims="coll_benchmarked",
+            initval=congestion_start[n_pairs:])])
 
     log_bytes_rel = d["coll_cell_log_bytes_rel"]
     if np.any(d["coll_cell_log_nodes_rel"] > 0):  # else the prior alone (forecast.workload)
