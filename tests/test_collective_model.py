@@ -299,18 +299,24 @@ def test_a_send_recv_spans_two_nodes_whatever_its_process_group_spans():
     assert np.all(d["coll_cell_log_nodes_rel"] == 0.0)
 
 
-def test_noise_and_congestion_start_at_the_residuals_estimates():
-    """The sampler starts the scales where the transfers put them, not at the prior's support
-    point (noise 0.24): with thousands of launches that is ~10^4 log units off, and nutpie's
-    first warm-up draws then take hundreds of leapfrog steps each. The noise is sampled in
-    coordinates where its posterior sd is about one, so the start jitter of ±1 stays near."""
-    lat, bw = (3.0, 8.0), (350.0, 45.0)
+def job_and_sweeps(lat=(3.0, 8.0), bw=(350.0, 45.0)) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A traced job's all-gathers (noise 0.02, congestion 0.002) and an nccl-tests sweep of
+    the same collective (one launch per size and step; noise 0.05, congestion 0.2)."""
     job = collective_table([(8, 6.4e7), (16, 4.3e8)], latency=lat, bandwidth=bw, steps=8,
                            launches=30, noise=0.02, congestion=0.002, seed=7, kind="allgather")
     sweeps = [(p, b) for p in (8, 16, 32) for b in (1e6, 1.6e7, 2.6e8)]
     bench = collective_table(sweeps, latency=lat, bandwidth=bw, steps=6, launches=1,
                              noise=0.05, congestion=0.2, seed=8, kind="allgather", run="bench")
     bench.attrs["runs"] = {"bench": {"gpus_per_node": 8, "benchmark": True}}
+    return job, bench
+
+
+def test_noise_and_congestion_start_at_the_residuals_estimates():
+    """The sampler starts the scales where the transfers put them, not at the prior's support
+    point (noise 0.3): with thousands of launches that is ~10^4 log units off, and nutpie's
+    first warm-up draws then take hundreds of leapfrog steps each. The noise is sampled in
+    coordinates where its posterior sd is about one, so the start jitter of ±1 stays near."""
+    job, bench = job_and_sweeps()
     spec = ModelSpec()
     model = build(prepare([job, bench], spec), spec)
     start = model.initial_point()
@@ -333,12 +339,7 @@ def test_noise_and_congestion_start_at_the_residuals_estimates():
 
 def test_benchmark_runs_get_noise_and_congestion_of_their_own():
     lat, bw = (3.0, 8.0), (350.0, 45.0)
-    job = collective_table([(8, 6.4e7), (16, 4.3e8)], latency=lat, bandwidth=bw, steps=8,
-                           launches=30, noise=0.02, congestion=0.002, seed=7, kind="allgather")
-    sweeps = [(p, b) for p in (8, 16, 32) for b in (1e6, 1.6e7, 2.6e8)]
-    bench = collective_table(sweeps, latency=lat, bandwidth=bw, steps=6, launches=1,
-                             noise=0.05, congestion=0.2, seed=8, kind="allgather", run="bench")
-    bench.attrs["runs"] = {"bench": {"gpus_per_node": 8, "benchmark": True}}
+    job, bench = job_and_sweeps(lat, bw)
     spec = ModelSpec()
     prepared = prepare([job, bench], spec)
     assert prepared.coords["coll_benchmarked"] == ["allgather"]

@@ -1478,7 +1478,7 @@ def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
     pm.Potential("coll_prior", prior)
     pm.Deterministic("coll_latency_us", pt.exp(log_lat), dims=("collective", "tier"))
     pm.Deterministic("coll_bandwidth_gbps", pt.exp(log_bw), dims=("collective", "tier"))
-    # Start the scales at the residuals' estimates: the prior's support point (noise 0.24)
+    # Start the scales at the residuals' estimates: the prior's support point (noise 0.3)
     # sits ~500k log units below the typical set of the dev traces' collective launches (noise
     # ≈ 0.02), which cost nutpie's first 50 warm-up draws about 270 leapfrog steps each.
     n_bench = len(prepared.coords.get("coll_benchmarked", []))
