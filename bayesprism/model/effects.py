@@ -362,6 +362,18 @@ def data_scaled_half_normal(name: str, prior_sd: float, start: np.ndarray, log_s
         model.
     dims
         The scale's dims.
+
+    Examples
+    --------
+    >>> import pymc as pm
+    >>> with pm.Model(coords={"collective": ["allreduce"]}) as model:
+    ...     noise = data_scaled_half_normal("noise", 0.3, np.array([0.02]), np.array([0.01]),
+    ...                                     "collective")
+    >>> sorted(model.named_vars)
+    ['noise', 'noise_prior', 'noise_z']
+    >>> [start] = model.replace_rvs_by_values([noise])
+    >>> model.compile_fn(start, inputs=model.value_vars)(model.initial_point()).round(3)
+    array([0.02])
     """
     import pymc as pm
     import pytensor.tensor as pt
