@@ -1201,12 +1201,13 @@ def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, ...]:
 
     Returns
     -------
-    (theta, chol, noise, congestion)
+    (theta, chol, noise, noise_log_se, congestion)
         ``theta``: the ``m`` of every pair, then the ``s`` of every pair, then the fitted ρ;
         ``chol``: the lower Cholesky factor of their approximate posterior covariance;
         ``noise`` and ``congestion``: the scales estimated from the residuals at the mode, per
-        noise scale (``coll_cell_scale``) and per congestion scale (``coll_cell_congestion``),
-        starts for the sampler.
+        noise scale (``coll_cell_scale``: the collectives, then the benchmarked ones) and per
+        congestion scale (``coll_cell_congestion``: the pairs, then the benchmarked), starts
+        for the sampler; ``noise_log_se``: the standard error of each noise's log.
     """
     pair = d["coll_cell_pair"]
     n_pairs = len(d["coll_pair_collective"])
@@ -1218,6 +1219,7 @@ def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, ...]:
     n_cong = int(d["coll_cell_congestion"].max()) + 1  # congestion scales: pairs, benchmarks
     cong_of_group = np.zeros(n_groups, dtype=np.int64)
     cong_of_group[group] = d["coll_cell_congestion"]
+    launches = np.maximum(np.bincount(coll_of_cell, weights=n, minlength=n_coll), 1.0)
     log_steps = np.log(d["coll_pair_latency_steps"])
     log_factor = np.log(d["coll_pair_bytes_factor"] / 1e3)
     prior_lat, prior_bw = _prior_medians(d, spec)
@@ -1277,8 +1279,7 @@ def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, ...]:
         spread = ss + n * (r - r_g[group]) ** 2
         # floors (noise 1 %, congestion 0.1 %): without replicates the data give no scale,
         # and a zero one would make the whitening collapse the coordinates
-        noise2_data = (np.bincount(coll_of_cell, weights=spread, minlength=n_coll)
-                       / np.maximum(np.bincount(coll_of_cell, weights=n, minlength=n_coll), 1.0))
+        noise2_data = np.bincount(coll_of_cell, weights=spread, minlength=n_coll) / launches
         noise2 = np.maximum(noise2_data, 1e-4)
         noise2_g = (np.bincount(group, weights=n * noise2[coll_of_cell], minlength=n_groups)
                     / n_g)
@@ -1374,8 +1375,10 @@ def _collective_start(d: dict, spec: ModelSpec) -> tuple[np.ndarray, ...]:
         chol = np.linalg.cholesky(cov)
     except np.linalg.LinAlgError:
         chol = np.diag(np.sqrt(np.maximum(np.diag(cov), 1e-12)))
-    # start scales: the noise unfloored (a start, not a whitening; 1e-4 keeps its log finite)
-    return theta, chol, np.sqrt(np.maximum(noise2_data, 1e-8)), np.sqrt(cong2)
+    # start scales: the noise unfloored (a start, not a whitening; 1e-4 keeps its log finite),
+    # with the standard error of its log, 1 / sqrt(2 n)
+    return (theta, chol, np.sqrt(np.maximum(noise2_data, 1e-8)), 1.0 / np.sqrt(2.0 * launches),
+            np.sqrt(cong2))
 
 
 def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
@@ -1422,7 +1425,7 @@ def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
     pm.Data("coll_reference_latency_steps", d["coll_pair_latency_steps"], dims="coll_pair")
     pm.Data("coll_reference_bus_bytes", d["coll_pair_bytes_factor"], dims="coll_pair")
 
-    theta_hat, chol, noise_start, congestion_start = _collective_start(d, spec)
+    theta_hat, chol, noise_start, noise_se, congestion_start = _collective_start(d, spec)
     rho_tiers = small_latency_tiers(d)
     pm.modelcontext(None).add_coord(
         "coll_coef", [f"{kind}:{label}" for kind in ("log_time", "logit_share")
@@ -1480,21 +1483,14 @@ def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
     pm.Deterministic("coll_bandwidth_gbps", pt.exp(log_bw), dims=("collective", "tier"))
     # Start the scales at the residuals' estimates: the prior's support point (noise 0.3)
     # sits ~500k log units below the typical set of the dev traces' collective launches (noise
-    # ≈ 0.02), which cost nutpie's first 50 warm-up draws about 270 leapfrog steps each.
-    n_bench = len(prepared.coords.get("coll_benchmarked", []))
-    noise_start = np.pad(noise_start, (0, n_coll + n_bench - noise_start.size),
-                         constant_values=spec.prior("coll_noise"))
-    congestion_start = np.pad(congestion_start, (0, n_pairs + n_bench - congestion_start.size),
-                              constant_values=spec.prior("coll_congestion"))
-    # the noise, pinned by each collective's launches, in data-scaled coordinates (a log sd's
-    # standard error is 1 / sqrt(2 n))
-    noise_se = 1.0 / np.sqrt(2.0 * np.maximum(np.bincount(
-        d["coll_cell_scale"], weights=d["coll_cell_n"], minlength=noise_start.size), 0.5))
+    # ≈ 0.02), which cost nutpie's first 50 warm-up draws about 270 leapfrog steps each. The
+    # noise, pinned by each collective's launches, is sampled in data-scaled coordinates.
+    # (Every collective and benchmarked collective has cells: the starts cover all scales.)
     noise = data_scaled_half_normal("coll_noise", spec.prior("coll_noise"),
                                     noise_start[:n_coll], noise_se[:n_coll], "collective")
     congestion = pm.HalfNormal("coll_congestion", spec.prior("coll_congestion"),
                                dims="coll_pair", initval=congestion_start[:n_pairs])
-    if n_bench:
+    if "coll_benchmarked" in prepared.coords:
         noise = pt.concatenate([noise, data_scaled_half_normal(
             "coll_bench_noise", spec.prior("coll_noise"), noise_start[n_coll:],
             noise_se[n_coll:], "coll_benchmarked")])
