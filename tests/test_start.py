@@ -166,3 +166,42 @@ def test_unit_levels_load_on_compute_classes_only():
     gpustep = cell.eval({k: v for k, v in point.items() if k.startswith("gpustep")})
     assert gpustep[0] == pytest.approx(0.02 * np.exp(-2.0))
     assert np.exp((3 * np.log(gpustep[1]) + np.log(gpustep[2])) / 4) == pytest.approx(0.02)
+
+
+def test_loading_ratio_start_recovers_known_class_loadings():
+    """Node and GPU effects that load twice as hard on attention kernels as on GEMMs and half
+    as hard on elementwise ones: the slopes give those log ratios (weighted zero-sum over the
+    compute classes) with a standard error, the model's ratio coefficients start at their
+    projection, and a run's steps get no start."""
+    from bayesprism.model.kernel import build_kernel
+    from bayesprism.model.start import loading_ratio_start
+
+    table, truth = simulate_trace(nodes=6, gpus=8, steps=6, launches=10, resid=0.01,
+                                  gs_sd=0.002)
+    loading = {"gemm": 1.0, "attention": 2.0, "elementwise": 0.5}
+    node = table["node"].cat.codes.to_numpy()
+    unit_effect = 0.10 * truth["u"][node] + 0.05 * truth["v"][node, table["gpu"].to_numpy()]
+    extra = table["kernel_class"].map(loading).astype(float).to_numpy() - 1.0
+    table["duration_us"] *= np.exp(extra * unit_effect)
+    spec = ModelSpec(levels=("node", "gpu", "step"))
+    prepared = prepare_kernel([table], spec)
+    d = prepared.data
+    weights = np.asarray(d["class_reference_weights"], dtype=float)
+    classes = list(prepared.coords["kernel_class"])
+    log_loading = np.log([loading[c] for c in classes])
+    compute = weights > 0
+    expected = np.where(compute, log_loading - np.average(log_loading[compute],
+                                                          weights=weights[compute]), 0.0)
+    for level in ("node", "gpu"):
+        log_ratio, se = loading_ratio_start(d, level)
+        assert np.allclose(log_ratio, expected, atol=0.03), level
+        assert 1e-3 <= se < 0.03
+    assert loading_ratio_start(d, "step") is None
+    model = build_kernel(prepared, spec)
+    [ratios] = model.replace_rvs_by_values([model["gpu_log_ratio_coef"]])
+    ratios = model.compile_fn(ratios, inputs=model.value_vars,
+                              on_unused_input="ignore")(model.initial_point())
+    assert np.abs(ratios).max() > 0.3  # not the prior's zero
+    from scipy.linalg import null_space
+    basis = null_space(weights[compute][None, :])
+    assert np.allclose(basis @ ratios, loading_ratio_start(d, "gpu")[0][compute])

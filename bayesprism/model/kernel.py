@@ -66,6 +66,7 @@ from bayesprism.model.start import (
     gpustep_core_start,
     gpustep_resolution,
     kernel_baseline_se,
+    loading_ratio_start,
     robust_unit_effects,
     unit_effect_estimates,
     unit_resolution,
@@ -932,7 +933,8 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
             # launches resolve lets the sampler wander off to a zero core (and the episodes'
             # shift to infinity); the floor of a degraded unit population
             soft_scale_floor("gpustep", gpustep_ref, gpustep_resolution(d))
-        gpustep = class_scales("gpustep", gpustep_ref, prepared)
+        gpustep = class_scales("gpustep", gpustep_ref, prepared, log_ratio_start=(
+            loading_ratio_start(d, "gpustep") if centred_coords else None))
 
     beta_per_gpustep = gpu_part[d["gpustep_gpu"]] + step_part[d["gpustep_step"]]
     if rows or spec.fits_rows:

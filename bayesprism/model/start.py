@@ -348,3 +348,82 @@ def gpustep_core_start(data: dict) -> float:
     spread, resolution = robust_spread(gpustep_deviations(data)), gpustep_resolution(data)
     return float(max(np.sqrt(max(spread**2 - resolution**2, 0.0)), 0.05 * resolution))
 
+
+
+def _class_means(values: np.ndarray, weights: np.ndarray, index: np.ndarray,
+                 size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per ``index`` bucket and kernel class (columns), the weighted mean of ``values`` and
+    the weights' total."""
+    total = np.stack([np.bincount(index, weights[:, c], size)
+                      for c in range(values.shape[1])], axis=1)
+    summed = np.stack([np.bincount(index, weights[:, c] * values[:, c], size)
+                       for c in range(values.shape[1])], axis=1)
+    return summed / np.maximum(total, 1e-300), total
+
+
+def loading_ratio_start(data: dict, level: str) -> tuple[np.ndarray, float] | None:
+    """A start for a persistent level's (cabinet, node, GPU) or the GPU-steps' per-class log
+    loading ratios, and its standard error: the slope of each compute class's unit effects on
+    the reference class's (their launch-weighted mean), in logs, centred with the reference
+    weights, zero for the other classes; the median over classes of the slopes' relative
+    standard errors (at least 1e-3).
+
+    Unit effects per class are weighted means of the GPU-steps' per-class residuals once each
+    class's step means (and, for GPU-steps, GPU means) are removed, centred within the level's
+    groups; only units that launch every compute class count. None for other levels (a run's
+    dozen steps, whose effects sit near what their launches resolve, give slopes worse than
+    no start: dev traces, 660 log units against 36), when fewer than three units count, the
+    level's effects are flat, or a slope is not positive (the ratios then start at 1).
+    A regression slope rather than a ratio of spreads: the classes' launch noise is
+    independent, so it does not bias the slope as it inflates a spread.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> gpu = np.repeat(np.arange(16), 4)
+    >>> slow = rng.normal(0, 0.02, 16)[gpu]
+    >>> data = {"class_reference_weights": np.array([3.0, 1.0]),
+    ...         "block_n": np.full((64, 2), 100.0),
+    ...         "block_dev": 100.0 * np.stack([slow, 0.5 * slow], axis=1),
+    ...         "gpustep_gpu": gpu, "gpustep_step": np.tile(np.arange(4), 16),
+    ...         "gpu_of_gpu": np.arange(16), "gpu_group": np.zeros(16, dtype=int)}
+    >>> log_ratio, se = loading_ratio_start(data, "gpu")
+    >>> round(float(np.exp(log_ratio[0] - log_ratio[1])), 3), se
+    (2.0, 0.001)
+    """
+    weights = np.asarray(data["class_reference_weights"], dtype=float)
+    compute = weights > 0
+    block_n = np.asarray(data["block_n"], dtype=float)
+    residual = np.divide(data["block_dev"], block_n, out=np.zeros_like(block_n),
+                         where=block_n > 0)
+    gpu, step = data["gpustep_gpu"], data["gpustep_step"]
+    if level != "gpustep" and f"{level}_of_gpu" not in data:
+        return None
+    residual = residual - _class_means(residual, block_n, step, int(step.max()) + 1)[0][step]
+    gpu_mean, gpu_n = _class_means(residual, block_n, gpu, int(gpu.max()) + 1)
+    if level == "gpustep":
+        effects = residual - gpu_mean[gpu]
+        counts, group = block_n, np.zeros(len(gpu), dtype=int)
+    else:
+        unit = np.asarray(data[f"{level}_of_gpu"])
+        effects, counts = _class_means(gpu_mean, gpu_n, unit, int(unit.max()) + 1)
+        group = np.asarray(data[f"{level}_group"])
+    full = (counts[:, compute] > 0).all(axis=1)
+    if full.sum() < 3:
+        return None
+    effects, counts, group = effects[full][:, compute], counts[full][:, compute], group[full]
+    n_groups = int(group.max()) + 1
+    effects = effects - _class_means(effects, counts, group, n_groups)[0][group]
+    reference = effects @ (weights[compute] / weights[compute].sum())
+    spread = float(np.sum(reference**2))
+    if spread <= 0.0:
+        return None
+    slope = effects.T @ reference / spread
+    if not (slope > 0).all():
+        return None
+    resid = effects - reference[:, None] * slope[None, :]
+    slope_se = np.sqrt((resid**2).sum(axis=0) / max(len(reference) - 1, 1) / spread)
+    log_ratio = np.log(slope)
+    out = np.zeros(weights.size)
+    out[compute] = log_ratio - np.average(log_ratio, weights=weights[compute])
+    return out, float(max(np.median(slope_se / slope), 1e-3))
