@@ -247,7 +247,8 @@ def unit_level(level: str, prepared, spec: ModelSpec, estimate=None, resolution=
     loading = reference = None
     jacobian = 0.0
     shares = _launch_shares(prepared, level) if centred_level and not split else None
-    ratio_start = loading_ratio_start(prepared.data, level) if data_starts else None
+    ratio_start = (loading_ratio_start(prepared.data, level)
+                   if data_starts and centred_level else None)
     if shares is not None:
         loading = class_scales(level, scale, prepared, reference_only=True,
                                log_ratio_start=ratio_start)

@@ -20,6 +20,9 @@ import pandas as pd
 
 #: Smallest standard error used to scale a coordinate (log units).
 MIN_SE = 1e-6
+#: Smallest standard error of a log loading ratio's start (a ratio the data pin exactly
+#: still moves by a tenth of a percent per unit of its coordinate).
+MIN_RATIO_SE = 1e-3
 
 
 def _weighted_mean(values, weights, index, size):
@@ -349,15 +352,14 @@ def gpustep_core_start(data: dict) -> float:
     return float(max(np.sqrt(max(spread**2 - resolution**2, 0.0)), 0.05 * resolution))
 
 
-
 def _class_means(values: np.ndarray, weights: np.ndarray, index: np.ndarray,
                  size: int) -> tuple[np.ndarray, np.ndarray]:
     """Per ``index`` bucket and kernel class (columns), the weighted mean of ``values`` and
     the weights' total."""
-    total = np.stack([np.bincount(index, weights[:, c], size)
-                      for c in range(values.shape[1])], axis=1)
-    summed = np.stack([np.bincount(index, weights[:, c] * values[:, c], size)
-                       for c in range(values.shape[1])], axis=1)
+    total = np.zeros((size, values.shape[1]))
+    summed = np.zeros_like(total)
+    np.add.at(total, index, weights)
+    np.add.at(summed, index, weights * values)
     return summed / np.maximum(total, 1e-300), total
 
 
@@ -366,7 +368,7 @@ def loading_ratio_start(data: dict, level: str) -> tuple[np.ndarray, float] | No
     loading ratios, and its standard error: the slope of each compute class's unit effects on
     the reference class's (their launch-weighted mean), in logs, centred with the reference
     weights, zero for the other classes; the median over classes of the slopes' relative
-    standard errors (at least 1e-3).
+    standard errors (at least :data:`MIN_RATIO_SE`).
 
     Unit effects per class are weighted means of the GPU-steps' per-class residuals once each
     class's step means (and, for GPU-steps, GPU means) are removed, centred within the level's
@@ -391,14 +393,14 @@ def loading_ratio_start(data: dict, level: str) -> tuple[np.ndarray, float] | No
     >>> round(float(np.exp(log_ratio[0] - log_ratio[1])), 3), se
     (2.0, 0.001)
     """
+    if level != "gpustep" and f"{level}_of_gpu" not in data:
+        return None
     weights = np.asarray(data["class_reference_weights"], dtype=float)
     compute = weights > 0
     block_n = np.asarray(data["block_n"], dtype=float)
     residual = np.divide(data["block_dev"], block_n, out=np.zeros_like(block_n),
                          where=block_n > 0)
     gpu, step = data["gpustep_gpu"], data["gpustep_step"]
-    if level != "gpustep" and f"{level}_of_gpu" not in data:
-        return None
     residual = residual - _class_means(residual, block_n, step, int(step.max()) + 1)[0][step]
     gpu_mean, gpu_n = _class_means(residual, block_n, gpu, int(gpu.max()) + 1)
     if level == "gpustep":
@@ -426,4 +428,4 @@ def loading_ratio_start(data: dict, level: str) -> tuple[np.ndarray, float] | No
     log_ratio = np.log(slope)
     out = np.zeros(weights.size)
     out[compute] = log_ratio - np.average(log_ratio, weights=weights[compute])
-    return out, float(max(np.median(slope_se / slope), 1e-3))
+    return out, float(max(np.median(slope_se / slope), MIN_RATIO_SE))
