@@ -205,3 +205,53 @@ def test_loading_ratio_start_recovers_known_class_loadings():
     from scipy.linalg import null_space
     basis = null_space(weights[compute][None, :])
     assert np.allclose(basis @ ratios, loading_ratio_start(d, "gpu")[0][compute])
+
+
+def test_barely_resolved_steps_are_sampled_partially_noncentred_with_the_same_density(
+        monkeypatch):
+    """Step effects (sd 0.001) under GPU-step noise 20× larger: their estimates are mostly
+    noise, so the contrasts are sampled on scale ** (1 - reliability). The chains start at the
+    data's estimates as before, and the posterior is the centred model's: at matched points
+    the log densities differ by exactly the map's Jacobian, k (1 - reliability) log(s / s0)."""
+    from bayesprism.model import effects as effects_module
+    from bayesprism.model.kernel import build_kernel
+    from bayesprism.model.start import centred_share, robust_spread
+
+    table, _ = simulate_trace(nodes=3, gpus=4, steps=8, launches=3, step_sd=0.001, gs_sd=0.02,
+                              seed=2)
+    spec = ModelSpec(levels=("node", "gpu", "step"))
+    prepared = prepare_kernel([table], spec)
+    d = prepared.data
+    effects, se = unit_effect_estimates(d, prepared.attrs["levels"])["step"]
+    start = robust_spread(effects)
+    reliability = centred_share(start, se)
+    assert 0.0 <= reliability < 0.5
+    partial = build_kernel(prepared, spec)
+    assert "step_partial_centring_jacobian" in partial.named_vars
+    with monkeypatch.context() as patch:
+        patch.setattr(effects_module, "centred_share", lambda spread, se: 1.0)
+        centred = build_kernel(prepared, spec)
+    assert "step_partial_centring_jacobian" not in centred.named_vars
+    point = partial.initial_point()
+    [effect] = partial.replace_rvs_by_values([partial["step_effect"]])
+    at_start = partial.compile_fn(effect, inputs=partial.value_vars,
+                                  on_unused_input="ignore")(point)
+    assert np.allclose(at_start * start, effects - effects.mean(), atol=1e-12)
+
+    centre = grouped_helmert_inverse(effects, d["step_group"])
+    centre[0] = 0.0  # the group mean: prior-only, standardised in both
+    z_centred = np.random.default_rng(0).standard_normal(len(effects))
+    contrasts = len(effects) - 1
+    logp_partial, logp_centred = partial.compile_logp(), centred.compile_logp()
+    gaps = []
+    for scale in (start / 3.0, start, 2.0 * start):
+        factor = (scale / start) ** (1.0 - reliability)
+        z_partial = z_centred.copy()
+        z_partial[1:] = ((centre[1:] + se * z_centred[1:]) / factor - centre[1:]) / se
+        gaps.append(logp_partial({**point, "step_basis_coef": z_partial,
+                                  "step_scale_ref_log__": np.log(scale)})
+                    - logp_centred({**point, "step_basis_coef": z_centred,
+                                    "step_scale_ref_log__": np.log(scale)}))
+    # the same density up to a constant: the gaps move by the Jacobian alone
+    expected = contrasts * (1.0 - reliability) * np.log([1.0 / 3.0, 2.0])
+    assert np.allclose(np.array(gaps)[[0, 2]] - gaps[1], expected, atol=1e-6)

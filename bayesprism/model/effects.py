@@ -21,7 +21,12 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import helmert
 
-from bayesprism.model.start import loading_ratio_start, robust_spread, student_t_nu_start
+from bayesprism.model.start import (
+    centred_share,
+    loading_ratio_start,
+    robust_spread,
+    student_t_nu_start,
+)
 from bayesprism.spec import ModelSpec
 
 # PyMC and PyTensor are imported inside the functions that build graphs (start-up time:
@@ -156,7 +161,9 @@ def unit_level(level: str, prepared, spec: ModelSpec, estimate=None, resolution=
     levels sample standardised effects and per-class loadings. ``estimate``: the data's
     ``(effects, standard error)`` for a centred level (:mod:`bayesprism.model.start`); its
     contrast coordinates are then sampled as ``estimate + se × {level}_basis_coef`` (a constant
-    affine map).
+    affine map), times ``(scale / scale start) ** (1 - reliability)`` when the estimates are
+    mostly noise (:func:`bayesprism.model.start.centred_share`): partially non-centred, with
+    that map's Jacobian.
 
     ``resolution``: the standard error with which the data resolve one unit's effect
     (:func:`bayesprism.model.start.unit_resolution`). When given (``degraded`` populations, and
@@ -214,6 +221,16 @@ def unit_level(level: str, prepared, spec: ModelSpec, estimate=None, resolution=
         soft_scale_floor(level, scale, resolution)
     split = (not nested and centred_level and family == "degraded"
              and unit_estimate is not None)
+    centring = 1.0
+    if estimate is not None and centred_level and not split and scale_start is not None:
+        centring = centred_share(scale_start, float(estimate[1]))
+    if centring < 1.0:
+        # partially non-centred: the contrasts are sampled on scale ** (1 - centring), with
+        # that map's Jacobian, and start where the data put them
+        factor = (scale / scale_start) ** (1.0 - centring)
+        free = free * factor if nested else pt.where(is_group_mean, free, free * factor)
+        pm.Potential(f"{level}_partial_centring_jacobian",
+                     (1.0 - centring) * int((~is_group_mean).sum()) * pt.log(scale))
     if split:
         # per unit: degraded units centred (log units), the core non-centred (see above)
         values = np.asarray(unit_estimate, dtype=float)

@@ -23,6 +23,9 @@ MIN_SE = 1e-6
 #: Smallest standard error of a log loading ratio's start (a ratio the data pin exactly
 #: still moves by a tenth of a percent per unit of its coordinate).
 MIN_RATIO_SE = 1e-3
+#: Reliability of the unit estimates from which a level is sampled fully centred
+#: (:func:`centred_share`).
+CENTRED_RELIABILITY = 0.95
 
 
 def _weighted_mean(values, weights, index, size):
@@ -250,6 +253,28 @@ def student_t_nu_start(values: np.ndarray, group: np.ndarray | None = None) -> f
         return 20.0  # nothing to say: the prior mean
     nu, _, _ = stats.t.fit(x / spread, floc=0.0)
     return float(np.clip(nu - 1.0, 0.5, 60.0))
+
+
+def centred_share(spread: float, se: float) -> float:
+    """How centred to sample a level's effects: the unit estimates' reliability
+    ``1 - se² / spread²`` (the share of their spread that is signal, by moments), in [0, 1];
+    1 from :data:`CENTRED_RELIABILITY` up.
+
+    With effects pinned by their data (reliability near 1) the centred form mixes; with
+    effects the data barely resolve against their spread, the non-centred one (else the scale
+    and the effects form a funnel). In between, the effects' contrasts are sampled on
+    ``scale ** (1 - share)`` (:func:`bayesprism.model.effects.unit_level`), the partially
+    non-centred form whose best exponent, for normal effects, is the reliability.
+
+    Examples
+    --------
+    >>> centred_share(0.01, 0.0001), centred_share(0.0002, 0.0004)
+    (1.0, 0.0)
+    >>> round(centred_share(0.002, 0.001), 2)
+    0.75
+    """
+    share = max(1.0 - (se / spread) ** 2, 0.0) if spread > 0 else 0.0
+    return 1.0 if share >= CENTRED_RELIABILITY else share
 
 
 def robust_spread(values: np.ndarray, group: np.ndarray | None = None) -> float:
