@@ -255,3 +255,25 @@ def test_barely_resolved_steps_are_sampled_partially_noncentred_with_the_same_de
     # the same density up to a constant: the gaps move by the Jacobian alone
     expected = contrasts * (1.0 - reliability) * np.log([1.0 / 3.0, 2.0])
     assert np.allclose(np.array(gaps)[[0, 2]] - gaps[1], expected, atol=1e-6)
+
+
+def test_one_block_per_gpu_leaves_the_se_unknown_and_the_level_centred():
+    """One profiled step per GPU (the DLRM sample's shape): nothing measures a GPU effect's
+    standard error, so it is NaN, not a number read as 'all noise', and the level stays
+    centred (a partially non-centred GPU level made the DLRM fit diverge 83 times)."""
+    from bayesprism.model.kernel import build_kernel
+
+    table, _ = simulate_trace(nodes=1, gpus=8, steps=1, launches=20, resid=0.01, seed=1)
+    spec = ModelSpec(levels=("gpu",))
+    prepared = prepare_kernel([table], spec)
+    assert prepared.attrs["parameterisation"]["gpu"] == "centred"
+    effects, se = unit_effect_estimates(prepared.data, prepared.attrs["levels"])["gpu"]
+    assert np.isnan(se) and np.isfinite(effects).all()
+    model = build_kernel(prepared, spec)
+    assert "gpu_partial_centring_jacobian" not in model.named_vars
+    [effect] = model.replace_rvs_by_values([model["gpu_effect"]])
+    point = model.initial_point()
+    scale = np.exp(point["gpu_scale_ref_log__"])
+    at_start = model.compile_fn(effect, inputs=model.value_vars,
+                                on_unused_input="ignore")(point)
+    assert np.allclose(at_start * scale, effects - effects.mean(), atol=1e-9)

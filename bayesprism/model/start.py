@@ -33,14 +33,15 @@ def _weighted_mean(values, weights, index, size):
     return np.bincount(index, weights=weights * values, minlength=size) / np.maximum(total, 1e-300)
 
 
-def _within_se(values, weights, index, size) -> float:
-    """Typical standard error of a per-unit weighted mean of ``values`` (median over units)."""
+def _within_se(values, weights, index, size, unknown: float = 1.0) -> float:
+    """Typical standard error of a per-unit weighted mean of ``values`` (median over units);
+    ``unknown`` when no unit has two values."""
     mean = _weighted_mean(values, weights, index, size)
     count = np.bincount(index, minlength=size)
     var = _weighted_mean((values - mean[index]) ** 2, weights, index, size)
     ok = count > 1
     if not ok.any():
-        return 1.0
+        return unknown
     return float(max(np.median(np.sqrt(var[ok] / count[ok])), MIN_SE))
 
 
@@ -73,7 +74,8 @@ def unit_effect_estimates(data: dict, levels: list[str]) -> dict[str, tuple[np.n
 
     Block residuals (mean log deviation of a GPU-step's launches from their kernels' means,
     all classes pooled) are swept into step, cabinet, node and GPU effects by weighted means;
-    a unit's standard error is the spread of what remains over its blocks.
+    a unit's standard error is the spread of what remains over its blocks (NaN when no unit
+    has two blocks, e.g. one profiled step per GPU).
     """
     block_n, block_r = _block_residuals(data)
     gs_gpu, gs_step = data["gpustep_gpu"], data["gpustep_step"]
@@ -101,7 +103,7 @@ def unit_effect_estimates(data: dict, levels: list[str]) -> dict[str, tuple[np.n
         gpu_total = gpu_total - effects[level][unit]
         remaining = remaining - effects[level][unit][gs_gpu]
     return {level: (effect, _within_se(remaining, block_n, unit_of_block[level],
-                                       len(effect)))
+                                       len(effect), unknown=np.nan))
             for level, effect in effects.items()}
 
 
