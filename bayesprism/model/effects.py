@@ -201,10 +201,11 @@ def unit_level(level: str, prepared, spec: ModelSpec, estimate=None, resolution=
     model.add_coord(f"{level}_basis", list(range(int((~is_group_mean).sum()) if nested
                                                  else group.size)))
     basis = free = pm.Flat(f"{level}_basis_coef", dims=f"{level}_basis")
+    if estimate is not None:
+        effects = np.asarray(estimate[0], dtype=float)
+        se = float(estimate[1]) if np.isfinite(estimate[1]) else 1.0  # unknown: unit steps
     if estimate is not None and centred_level:
-        effects, se = estimate
-        se = float(se) if np.isfinite(se) else 1.0  # unknown: unit steps, fully centred
-        centre = grouped_helmert_inverse(np.asarray(effects, dtype=float), group)
+        centre = grouped_helmert_inverse(effects, group)
         centre[is_group_mean] = 0.0  # prior-only coordinates (sampled as before)
         step = np.where(is_group_mean, 1.0, se)
         if nested:
@@ -223,8 +224,7 @@ def unit_level(level: str, prepared, spec: ModelSpec, estimate=None, resolution=
     split = (not nested and centred_level and family == "degraded"
              and unit_estimate is not None)
     centring = 1.0
-    if (estimate is not None and centred_level and not split and scale_start is not None
-            and np.isfinite(estimate[1])):
+    if estimate is not None and centred_level and not split and scale_start is not None:
         centring = centred_share(scale_start, float(estimate[1]))
     if centring < 1.0:
         # partially non-centred: the contrasts are sampled on scale ** (1 - centring), with
@@ -241,7 +241,7 @@ def unit_level(level: str, prepared, spec: ModelSpec, estimate=None, resolution=
         outlier = np.abs(values - median) > OUTLIER_SPREADS * spread
         pinned = basis
         if estimate is not None:
-            pinned = np.asarray(estimate[0], dtype=float) + se * basis
+            pinned = effects + se * basis
         raw = pt.where(outlier, pinned, basis * scale)
         pm.Potential(f"{level}_noncentred_jacobian", float((~outlier).sum()) * pt.log(scale))
     elif nested:

@@ -260,7 +260,8 @@ def student_t_nu_start(values: np.ndarray, group: np.ndarray | None = None) -> f
 def centred_share(spread: float, se: float) -> float:
     """How centred to sample a level's effects: the unit estimates' reliability
     ``1 - se² / spread²`` (the share of their spread that is signal, by moments), in [0, 1];
-    1 from :data:`CENTRED_RELIABILITY` up.
+    1 from :data:`CENTRED_RELIABILITY` up, and when the se is unknown (NaN: no unit measured
+    twice), which says nothing against the centred form.
 
     With effects pinned by their data (reliability near 1) the centred form mixes; with
     effects the data barely resolve against their spread, the non-centred one (else the scale
@@ -272,9 +273,11 @@ def centred_share(spread: float, se: float) -> float:
     --------
     >>> centred_share(0.01, 0.0001), centred_share(0.0002, 0.0004)
     (1.0, 0.0)
-    >>> round(centred_share(0.002, 0.001), 2)
-    0.75
+    >>> round(centred_share(0.002, 0.001), 2), centred_share(0.002, float("nan"))
+    (0.75, 1.0)
     """
+    if not np.isfinite(se):
+        return 1.0
     share = max(1.0 - (se / spread) ** 2, 0.0) if spread > 0 else 0.0
     return 1.0 if share >= CENTRED_RELIABILITY else share
 
