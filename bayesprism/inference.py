@@ -39,6 +39,14 @@ ESS_PER_CHAIN = 100
 SAMPLERS: tuple[str, ...] = ("auto", "nutpie", "pymc", "advi", "pathfinder")
 #: Iterations of ADVI (stops earlier when the parameters converge).
 ADVI_ITERATIONS = 30_000
+#: Warm-up iterations per chain by nutpie mass-matrix adaptation (``fit(tune=None)``). The
+#: low-rank adaptation learns its matrix from draws and gradients in windows and settles
+#: sooner than the diagonal one (nutpie's own default is 800 against 400 for its diagonal);
+#: on the traced 3D job (seeds 0-6) 600 warm-up draws gave the same max R-hat (mean 1.011
+#: against 1.011) and bulk ESS (690 against 700) as 1000, no divergences, in 29 % less time.
+#: The diagonal adaptation keeps PyMC's 1000: the DLRM sample at 600 reached R-hat 1.012-1.014
+#: against 1.010 (seeds 0-1).
+DEFAULT_TUNE = {"diag": 1000, "low_rank": 600}
 
 
 def _as_tables(tables) -> list[pd.DataFrame]:
@@ -251,7 +259,7 @@ def _warn_convergence(tree: xr.DataTree) -> None:
             ConvergenceWarning, stacklevel=3)
 
 
-def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int = 2,
+def fit(tables, spec=None, *, draws: int = 1000, tune: int | None = None, chains: int = 2,
         sampler: str = "auto", random_seed: int = 0, progress: bool = True,
         target_accept: float | None = None) -> xr.DataTree:
     """Fit a model to trace tables and return its posterior as a self-describing DataTree.
@@ -268,7 +276,9 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
         TOML path. ``None`` means ``ModelSpec.default()``, or the step spec when every row is a
         step-level row (``kernel_class == "step"``; a ``UserWarning`` says so).
     draws, tune, chains
-        Posterior draws and warm-up iterations per chain, and the number of chains.
+        Posterior draws and warm-up iterations per chain, and the number of chains. ``tune``
+        ``None``: the model's warm-up (:data:`DEFAULT_TUNE`: 1000, or 600 for models that
+        nutpie samples with its low-rank mass matrix).
     sampler
         ``"auto"`` (nutpie when installed, else PyMC), ``"nutpie"``, ``"pymc"``, ``"advi"``,
         ``"pathfinder"`` (only with pymc-extras importable).
@@ -316,7 +326,8 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
         for name, value in (("draws", draws), ("chains", chains))
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1
     ]
-    if isinstance(tune, bool) or not isinstance(tune, (int, np.integer)) or tune < 0:
+    if tune is not None and (isinstance(tune, bool) or not isinstance(tune, (int, np.integer))
+                             or tune < 0):
         problems.append(Problem("fit", "tune", "must be an integer >= 0", example=tune))
     if target_accept is not None and not (
             isinstance(target_accept, (int, float, np.floating)) and not isinstance(
@@ -342,6 +353,9 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
         inventory = stats.inventory.copy()
         digest = stats.input_digest
     model = build(prepared, spec)
+    mass_matrix = str(prepared.attrs.get("mass_matrix", "diag"))
+    if tune is None:
+        tune = DEFAULT_TUNE[mass_matrix if sampler == "nutpie" else "diag"]
 
     start = time.perf_counter()
     tree = _sample(model, sampler, draws=int(draws), tune=int(tune), chains=int(chains),
@@ -349,7 +363,7 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int = 1000, chains: int =
                    cache_key=(spec.spec_hash(), digest),
                    target_accept=float(target_accept if target_accept is not None
                                        else prepared.attrs.get("target_accept", 0.8)),
-                   mass_matrix=str(prepared.attrs.get("mass_matrix", "diag")))
+                   mass_matrix=mass_matrix)
     seconds = time.perf_counter() - start
 
     tree["inventory"] = inventory

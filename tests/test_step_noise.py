@@ -188,3 +188,22 @@ def test_fitted_step_weights_count_the_gpu_steps_of_each_step():
     })
     np.testing.assert_allclose(fitted_step_weights(tree), [4 / 6, 2 / 6, 0.0])
     assert fitted_step_weights(xr.DataTree.from_dict({"posterior": xr.Dataset()})) is None
+
+
+@pytest.mark.filterwarnings("ignore::bayesprism.errors.ConvergenceWarning")
+def test_default_warmup_is_the_mass_matrix_adaptations():
+    """``tune=None``: 600 warm-up draws under nutpie's low-rank mass matrix (a noisy step),
+    1000 under the diagonal one."""
+    from posterior_builders import tiny_kernel_table, tiny_spec
+
+    from bayesprism.inference import DEFAULT_TUNE, fit
+
+    noisy = dataclasses.replace(ModelSpec.load("benchmark"), levels=("node", "step"),
+                                step_noise=True)
+    for table, spec, mass_matrix, tune in ((noisy_step_table(), noisy, "low_rank", 600),
+                                           (tiny_kernel_table(), tiny_spec(), "diag", 1000)):
+        tree = fit(table, spec, draws=5, chains=1, sampler="nutpie", random_seed=0,
+                   progress=False)
+        assert tree["posterior"].attrs.get("mass_matrix", "diag") == mass_matrix
+        assert tree.attrs["tune"] == tune == DEFAULT_TUNE[mass_matrix]
+        assert tree["warmup_sample_stats"].sizes["draw"] == tune

@@ -343,7 +343,11 @@ def cluster_sample_check(reference, clusters, observed_clusters: Sequence, *,
       steps relative to their median, observed and the forecast's typical one;
       ``spread_p_low`` / ``spread_p_high``: the shares of calibrated samples at most / at
       least as spread (small ``spread_p_low``: the forecast's clusters differ more than the
-      truth's).
+      truth's);
+    * ``p50_error`` / ``p95_error``, ``p50_null_q05`` … ``p95_null_q95`` and ``p50_p_value`` /
+      ``p95_p_value``: the observed quantile errors (:func:`quantile_error`), the 5 % and 95 %
+      quantiles of a calibrated sample's error, and the two-sided share of calibrated samples
+      at least as far out (a few clusters' 95th percentile scatters by several per cent).
 
     Parameters
     ----------
@@ -365,7 +369,8 @@ def cluster_sample_check(reference, clusters, observed_clusters: Sequence, *,
     -------
     dict
         ``ks``, ``ks_null_q50``, ``ks_null_q90``, ``ks_p_value``, ``spread``,
-        ``spread_null_q50``, ``spread_p_low`` and ``spread_p_high`` as floats.
+        ``spread_null_q50``, ``spread_p_low``, ``spread_p_high`` and, for ``p50`` and ``p95``,
+        ``*_error``, ``*_null_q05``, ``*_null_q95`` and ``*_p_value`` as floats.
 
     Raises
     ------
@@ -407,20 +412,33 @@ def cluster_sample_check(reference, clusters, observed_clusters: Sequence, *,
         q25, q50, q75 = np.quantile(medians, [0.25, 0.5, 0.75])
         return float((q75 - q25) / q50)
 
+    quantiles = {"p50": 0.5, "p95": 0.95}
     rng = np.random.default_rng(random_seed)
     null_ks, null_spread = np.empty(resamples), np.empty(resamples)
+    null_error = {name: np.empty(resamples) for name in quantiles}
     for i in range(resamples):
         pool = simulated[rng.integers(simulated.shape[0])] if grouped else simulated
         picked = [pool[j, :c.size] for j, c in
                   zip(rng.choice(pool.shape[0], len(observed), replace=False), observed,
                       strict=True)]
-        null_ks[i] = ks_distance(pooled, np.concatenate(picked))
+        sample = np.concatenate(picked)
+        null_ks[i] = ks_distance(pooled, sample)
         null_spread[i] = spread(picked)
+        for name, q in quantiles.items():
+            null_error[name][i] = quantile_error(pooled, sample, q)
     ks = ks_distance(pooled, observed_steps)
     observed_spread = spread(observed)
-    return {"ks": ks, "ks_null_q50": float(np.median(null_ks)),
-            "ks_null_q90": float(np.quantile(null_ks, 0.9)),
-            "ks_p_value": float(np.mean(null_ks >= ks)),
-            "spread": observed_spread, "spread_null_q50": float(np.median(null_spread)),
-            "spread_p_low": float(np.mean(null_spread <= observed_spread)),
-            "spread_p_high": float(np.mean(null_spread >= observed_spread))}
+    checks = {"ks": ks, "ks_null_q50": float(np.median(null_ks)),
+              "ks_null_q90": float(np.quantile(null_ks, 0.9)),
+              "ks_p_value": float(np.mean(null_ks >= ks)),
+              "spread": observed_spread, "spread_null_q50": float(np.median(null_spread)),
+              "spread_p_low": float(np.mean(null_spread <= observed_spread)),
+              "spread_p_high": float(np.mean(null_spread >= observed_spread))}
+    for name, q in quantiles.items():
+        error, null = quantile_error(pooled, observed_steps, q), null_error[name]
+        low, high = np.quantile(null, [0.05, 0.95])
+        checks |= {f"{name}_error": error, f"{name}_null_q05": float(low),
+                   f"{name}_null_q95": float(high),
+                   f"{name}_p_value": float(min(1.0, 2 * min(np.mean(null <= error),
+                                                             np.mean(null >= error))))}
+    return checks

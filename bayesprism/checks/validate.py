@@ -255,7 +255,7 @@ def fit_bayesprism(
     spec: str | None,
     *,
     draws: int,
-    tune: int,
+    tune: int | None,
     chains: int,
     random_seed: int,
     progress: bool,

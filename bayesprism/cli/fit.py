@@ -39,7 +39,9 @@ def register(sub) -> None:
                         "'default', or 'step' when every row is a step-level row; --model: its "
                         "earlier name)")
     parser.add_argument("--draws", type=int, default=1000, help="draws per chain (default 1000)")
-    parser.add_argument("--tune", type=int, default=1000, help="warm-up per chain (default 1000)")
+    parser.add_argument("--tune", type=int, default=None,
+                        help="warm-up per chain (default: the model's, 1000, or 600 under "
+                             "nutpie's low-rank mass matrix)")
     parser.add_argument("--chains", type=int, default=2, help="chains (default 2)")
     parser.add_argument("--random-seed", "--seed", dest="random_seed", type=int,
                         default=0, help="random seed (default 0)")
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     problems = [Problem("arguments", f"--{name}", "must be a positive integer", example=value)
                 for name, value in (("draws", args.draws), ("chains", args.chains))
                 if value < 1]
-    if args.tune < 0:
+    if args.tune is not None and args.tune < 0:
         problems.append(Problem("arguments", "--tune", "must be >= 0", example=args.tune))
     if args.target_accept is not None and not 0 < args.target_accept < 1:
         problems.append(Problem("arguments", "--target-accept", "must be between 0 and 1 "

@@ -29,7 +29,9 @@ def register(sub) -> None:
                         help="a layout fact the logs of ladder NAME do not record (repeatable), "
                         "e.g. --layout gpt3:virtual_stages=12")
     parser.add_argument("--draws", type=int, default=1000, help="draws per chain (default 1000)")
-    parser.add_argument("--tune", type=int, default=1000, help="warm-up per chain (default 1000)")
+    parser.add_argument("--tune", type=int, default=None,
+                        help="warm-up per chain (default: the model's, 1000, or 600 under "
+                             "nutpie's low-rank mass matrix)")
     parser.add_argument("--chains", type=int, default=2, help="chains (default 2)")
     parser.add_argument("--random-seed", "--seed", dest="random_seed", type=int, default=0,
                         metavar="SEED",
