@@ -20,6 +20,30 @@ def add_common(parser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bars or warnings")
 
 
+def add_sampler_options(parser: argparse.ArgumentParser, *, chains: int = 2,
+                        random_seed: int = 0) -> None:
+    """``--draws``, ``--tune``, ``--chains`` and ``--random-seed`` of the fits a command runs.
+
+    Parameters
+    ----------
+    parser
+        The sub-command's parser; the values land in ``args.draws``, ``args.tune`` (``None``:
+        the model's warm-up, :data:`bayesprism.inference.DEFAULT_TUNE`), ``args.chains`` and
+        ``args.random_seed``.
+    chains, random_seed
+        The command's defaults.
+    """
+    parser.add_argument("--draws", type=int, default=1000, help="draws per chain (default 1000)")
+    parser.add_argument("--tune", type=int, default=None,
+                        help="warm-up per chain (default: the model's, 1000, or 600 under "
+                             "nutpie's low-rank mass matrix)")
+    parser.add_argument("--chains", type=int, default=chains,
+                        help=f"chains, 2 at a time on 2 cores (default {chains})")
+    parser.add_argument("--random-seed", "--seed", dest="random_seed", type=int,
+                        default=random_seed, metavar="SEED",
+                        help=f"random seed (default {random_seed})")
+
+
 def add_layout_option(parser: argparse.ArgumentParser, applies_to: str) -> None:
     """``--layout KEY=VALUE`` (repeatable), the same on every command that reads traces.
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bayesprism.cli._common import add_common, to_jsonable
+from bayesprism.cli._common import add_common, add_sampler_options, to_jsonable
 from bayesprism.cli.forecast import baseline_step_time, baseline_text, format_table
 from bayesprism.schema import select_runs
 
@@ -33,18 +33,12 @@ def register(sub) -> None:
     )
     p.add_argument("-o", "--output", "--out", dest="output", type=Path,
                    default=Path("out/demo"), help="output folder")
-    p.add_argument("--draws", type=int, default=1000, help="posterior draws per chain")
-    p.add_argument("--tune", type=int, default=None,
-                   help="tuning draws per chain (default: the model's, 1000, or 600 under "
-                        "nutpie's low-rank mass matrix)")
     # 4 chains: the max split R-hat over hundreds of parameters from 2 chains crosses 1.01 by
     # chance on well-mixed fits (measured on the DLRM fit: 1.014 on one seed in three)
-    p.add_argument("--chains", type=int, default=4, help="chains (2 run at a time on 2 cores)")
+    add_sampler_options(p, chains=4, random_seed=1)
     p.add_argument(
         "--forecast-draws", type=int, default=400, help="posterior draws used by forecasts"
     )
-    p.add_argument("--random-seed", "--seed", dest="random_seed", type=int,
-                   default=1)
     p.add_argument(
         "--with-mlperf",
         action="store_true",

@@ -12,6 +12,7 @@ from bayesprism.cli._common import (
     add_columns_option,
     add_common,
     add_layout_option,
+    add_sampler_options,
     check_outputs,
     parse_columns,
     print_json,
@@ -38,13 +39,7 @@ def register(sub) -> None:
                         help="named spec (models/NAME.toml) or a spec TOML file (default: "
                         "'default', or 'step' when every row is a step-level row; --model: its "
                         "earlier name)")
-    parser.add_argument("--draws", type=int, default=1000, help="draws per chain (default 1000)")
-    parser.add_argument("--tune", type=int, default=None,
-                        help="warm-up per chain (default: the model's, 1000, or 600 under "
-                             "nutpie's low-rank mass matrix)")
-    parser.add_argument("--chains", type=int, default=2, help="chains (default 2)")
-    parser.add_argument("--random-seed", "--seed", dest="random_seed", type=int,
-                        default=0, help="random seed (default 0)")
+    add_sampler_options(parser)
     parser.add_argument("--target-accept", type=float, default=None, metavar="P",
                         help="NUTS target acceptance rate in (0, 1); raise it (e.g. 0.95) "
                         "when the fit reports divergences (default: the model's, 0.8 or 0.9)")

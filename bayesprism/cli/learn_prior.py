@@ -7,7 +7,13 @@ import argparse
 import glob
 from pathlib import Path
 
-from bayesprism.cli._common import add_common, check_counts, check_outputs, print_json
+from bayesprism.cli._common import (
+    add_common,
+    add_sampler_options,
+    check_counts,
+    check_outputs,
+    print_json,
+)
 
 
 def register(sub) -> None:
@@ -28,14 +34,7 @@ def register(sub) -> None:
     parser.add_argument("--layout", action="append", default=[], metavar="NAME:KEY=VALUE",
                         help="a layout fact the logs of ladder NAME do not record (repeatable), "
                         "e.g. --layout gpt3:virtual_stages=12")
-    parser.add_argument("--draws", type=int, default=1000, help="draws per chain (default 1000)")
-    parser.add_argument("--tune", type=int, default=None,
-                        help="warm-up per chain (default: the model's, 1000, or 600 under "
-                             "nutpie's low-rank mass matrix)")
-    parser.add_argument("--chains", type=int, default=2, help="chains (default 2)")
-    parser.add_argument("--random-seed", "--seed", dest="random_seed", type=int, default=0,
-                        metavar="SEED",
-                        help="random seed (default 0)")
+    add_sampler_options(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_common(parser)
     parser.set_defaults(func=run)
