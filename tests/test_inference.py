@@ -105,3 +105,34 @@ def test_step_tables_default_to_the_step_spec():
         spec = _resolve_spec(None, [synthetic_ladder(2, 4)])
     assert spec.kind == "step"
     assert _resolve_spec(None, [tiny_kernel_table()]).kind == "kernel"
+
+
+def _two_chains(offset: float, seed: int = 0):
+    """2 chains x 1000 iid draws of one coordinate, the second chain shifted by ``offset``."""
+    import xarray as xr
+
+    x = np.random.default_rng(seed).standard_normal((2, 1000))
+    x[1] += offset
+    return xr.DataTree.from_dict({
+        "/": xr.Dataset(attrs={"sampler": "nutpie"}),
+        "posterior": xr.Dataset({"a": (("chain", "draw"), x)}),
+        "sample_stats": xr.Dataset({"diverging": (("chain", "draw"), np.zeros((2, 1000), bool))}),
+    })
+
+
+def test_a_borderline_rhat_from_two_chains_is_told_apart_from_a_real_problem():
+    """Only R-hat, at most 1.02, enough ESS, no divergences: the warning says 2 chains cross
+    1.01 by chance and how to tell; further out it says to sample longer."""
+    from bayesprism.cli._common import summarize_warnings
+    from bayesprism.inference import RHAT_BORDERLINE, _warn_convergence
+
+    slight, far = _two_chains(0.25), _two_chains(1.0)  # R-hat 1.014 and 1.17
+    assert 1.01 < convergence_summary(slight)["max_rhat"] <= RHAT_BORDERLINE
+    assert convergence_summary(far)["max_rhat"] > RHAT_BORDERLINE
+    with pytest.warns(ConvergenceWarning,
+                      match=r"a: R-hat 1\.0\d\d\. Only R-hat.*4 chains") as told:
+        _warn_convergence(slight)
+    assert "what to do: refit with --chains 4" in summarize_warnings(told)[0]
+    with pytest.warns(ConvergenceWarning, match="Sample longer") as caught:
+        _warn_convergence(far)
+    assert "4 chains" not in str(caught[0].message)

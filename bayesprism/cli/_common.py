@@ -294,6 +294,8 @@ __all__ = [
 WARNING_ADVICE: tuple[tuple[str, str], ...] = (
     ("is left out", "give the plan's activation_bytes/gradient_bytes and layers (plan file) "
      "so this communication is costed, or read the forecast as a lower bound"),
+    ("Only R-hat, and at most", "refit with --chains 4 (or another --random-seed); `bayesprism "
+     "diagnose` names the coordinates"),
     ("ConvergenceWarning", "sample longer (--draws/--tune) or raise --target-accept (e.g. "
      "0.95); check with `bayesprism diagnose`"),
     ("slowdown cap", "the tail is extrapolated far beyond the measured units: measure more "
