@@ -43,14 +43,39 @@ RHAT_BORDERLINE = 1.02
 SAMPLERS: tuple[str, ...] = ("auto", "nutpie", "pymc", "advi", "pathfinder")
 #: Iterations of ADVI (stops earlier when the parameters converge).
 ADVI_ITERATIONS = 30_000
-#: Warm-up iterations per chain by nutpie mass-matrix adaptation (``fit(tune=None)``). The
-#: low-rank adaptation learns its matrix from draws and gradients in windows and settles
-#: sooner than the diagonal one (nutpie's own default is 800 against 400 for its diagonal);
-#: on the traced 3D job (seeds 0-6) 600 warm-up draws gave the same max R-hat (mean 1.011
-#: against 1.011) and bulk ESS (690 against 700) as 1000, no divergences, in 29 % less time.
-#: The diagonal adaptation keeps PyMC's 1000: the DLRM sample at 600 reached R-hat 1.012-1.014
-#: against 1.010 (seeds 0-1).
+#: Warm-up iterations per chain by nutpie mass-matrix adaptation (``fit(tune=None)``,
+#: :func:`default_tune`). The low-rank adaptation learns its matrix from draws and gradients in
+#: windows and settles sooner than the diagonal one (nutpie's own default is 800 against 400 for
+#: its diagonal); on the traced 3D job (193 coordinates, seeds 0-6) 600 warm-up draws gave the
+#: same max R-hat (mean 1.011 against 1.011) and bulk ESS (690 against 700) as 1000, no
+#: divergences, in 29 % less time. The diagonal adaptation keeps PyMC's 1000: the DLRM sample
+#: at 600 reached R-hat 1.012-1.014 against 1.010 (seeds 0-1).
 DEFAULT_TUNE = {"diag": 1000, "low_rank": 600}
+#: Models with more coordinates keep 1000 under the low-rank matrix too: the traced 3D job
+#: fitted with its fleet GEMM benchmark (4,299 coordinates, seed 0) reached R-hat 1.042 and
+#: bulk ESS 51 at 600 against 1.018 and 71 at 1000.
+SHORT_WARMUP_MAX_COORDINATES = 1000
+
+
+def default_tune(model, mass_matrix: str) -> int:
+    """Warm-up iterations per chain for a PyMC model sampled under ``mass_matrix``.
+
+    :data:`DEFAULT_TUNE` of the adaptation, but 1000 for models of more than
+    :data:`SHORT_WARMUP_MAX_COORDINATES` unconstrained coordinates.
+
+    Examples
+    --------
+    >>> import pymc as pm
+    >>> with pm.Model() as model:
+    ...     effect = pm.Normal("effect", shape=8)
+    >>> default_tune(model, "low_rank"), default_tune(model, "diag")
+    (600, 1000)
+    """
+    shapes = model.eval_rv_shapes()
+    size = sum(int(np.prod(shapes[v.name])) for v in model.value_vars)
+    if size > SHORT_WARMUP_MAX_COORDINATES:
+        return DEFAULT_TUNE["diag"]
+    return DEFAULT_TUNE[mass_matrix]
 
 
 def _as_tables(tables) -> list[pd.DataFrame]:
@@ -288,8 +313,8 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int | None = None, chains
         step-level row (``kernel_class == "step"``; a ``UserWarning`` says so).
     draws, tune, chains
         Posterior draws and warm-up iterations per chain, and the number of chains. ``tune``
-        ``None``: the model's warm-up (:data:`DEFAULT_TUNE`: 1000, or 600 for models that
-        nutpie samples with its low-rank mass matrix).
+        ``None``: the model's warm-up (:func:`default_tune`: 1000, or 600 for models of up
+        to 1,000 coordinates that nutpie samples with its low-rank mass matrix).
     sampler
         ``"auto"`` (nutpie when installed, else PyMC), ``"nutpie"``, ``"pymc"``, ``"advi"``,
         ``"pathfinder"`` (only with pymc-extras importable).
@@ -366,7 +391,7 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int | None = None, chains
     model = build(prepared, spec)
     mass_matrix = str(prepared.attrs.get("mass_matrix", "diag"))
     if tune is None:
-        tune = DEFAULT_TUNE[mass_matrix if sampler == "nutpie" else "diag"]
+        tune = default_tune(model, mass_matrix if sampler == "nutpie" else "diag")
 
     start = time.perf_counter()
     tree = _sample(model, sampler, draws=int(draws), tune=int(tune), chains=int(chains),

@@ -28,15 +28,16 @@ def add_sampler_options(parser: argparse.ArgumentParser, *, chains: int = 2,
     ----------
     parser
         The sub-command's parser; the values land in ``args.draws``, ``args.tune`` (``None``:
-        the model's warm-up, :data:`bayesprism.inference.DEFAULT_TUNE`), ``args.chains`` and
+        the model's warm-up, :func:`bayesprism.inference.default_tune`), ``args.chains`` and
         ``args.random_seed``.
     chains, random_seed
         The command's defaults.
     """
     parser.add_argument("--draws", type=int, default=1000, help="draws per chain (default 1000)")
     parser.add_argument("--tune", type=int, default=None,
-                        help="warm-up per chain (default: the model's, 1000, or 600 under "
-                             "nutpie's low-rank mass matrix)")
+                        help="warm-up per chain (default: the model's, 1000, or 600 for "
+                             "models of up to 1,000 coordinates under nutpie's low-rank mass "
+                             "matrix)")
     parser.add_argument("--chains", type=int, default=chains,
                         help=f"chains, 2 at a time on 2 cores (default {chains})")
     parser.add_argument("--random-seed", "--seed", dest="random_seed", type=int,
