@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from bayesprism.checks.class_pattern import off_pattern_units
 from bayesprism.checks.persistence import PersistentSlowdowns, episode_persistence
 from bayesprism.checks.predictive_checks import cell_predictive_check, step_time_check
 from bayesprism.errors import ArtifactError, Problem
@@ -215,6 +216,7 @@ def diagnose(
     notes += step_notes
     persistence, persistence_notes = episode_persistence(posterior)
     notes += persistence_notes
+    notes += off_pattern_units(posterior, "node")
     if persistence is not None and persistence.persistent:
         notes.append(persistence.message())
 
