@@ -60,6 +60,7 @@ def _fmt(value) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bayesprism.checks.class_pattern import off_pattern_units
     from bayesprism.checks.diagnostics import level_cvs
     from bayesprism.inference import convergence_summary, fit
     from bayesprism.ingest.layout import parse_layout_args
@@ -102,8 +103,12 @@ def run(args: argparse.Namespace) -> int:
         tree = fit(tables, args.spec, draws=args.draws, tune=args.tune, chains=args.chains,
                    sampler=args.sampler, random_seed=args.random_seed, progress=progress,
                    target_accept=args.target_accept)
+        # a node the node level cannot hold often explains a fit that did not converge
+        off_pattern = off_pattern_units(tree, "node")
+        for note in off_pattern:
+            warnings.warn(note, UserWarning, stacklevel=1)
     notes = [str(w.message) for w in caught
-             if issubclass(w.category, ConvergenceWarning)
+             if issubclass(w.category, ConvergenceWarning) or str(w.message) in off_pattern
              or str(w.message).startswith("every row is a step-level row")]
     path = save(tree, args.output)
     conv = convergence_summary(tree)
