@@ -4,9 +4,9 @@ The kernel model gives a node (or a cabinet) one effect, times a loading per ker
 node slow on GEMMs is slow on every class in the fleet's proportions (clock throttling slows
 compute-bound GEMMs and attention more than memory-bound kernels). A node that is slow in a
 pattern of its own (e.g. 10 % on every class alike, where the others differ 2.5 times more
-on GEMMs than on element-wise kernels) cannot be held by that level: measured on the dev
-traces with such a node, the healthy nodes' effects moved into the GPU×step level, the node
-population kept the outlier alone, and its scale and tail did not mix (R-hat 1.04-1.06).
+on GEMMs than on element-wise kernels) cannot be held by that level: the fit then moves the
+other nodes' differences into other levels and reads the node population from the outlier
+alone, and it often does not converge (docs/status.md).
 
 :func:`off_pattern_units` reads the fit's block statistics, takes each unit's mean deviation
 per compute class once each step's class means are removed, and compares every unit with the
@@ -20,9 +20,11 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from bayesprism.model.start import class_means
+
 #: Share of a unit's class effects (root sum of squares) the others' pattern leaves over,
-#: above which the unit is off the pattern (a uniform slowdown against a 1 : 0.4 GEMM-to-
-#: memory-bound pattern leaves about 0.45).
+#: above which the unit is off the pattern (10 % on every class alike, against the dev traces'
+#: pattern of GEMM and attention 2.5x the memory-bound classes, leaves 0.48).
 OFF_PATTERN_SHARE = 0.3
 #: ... and by this many times the median leftover of the other units.
 OFF_PATTERN_RATIO = 4.0
@@ -58,16 +60,8 @@ def unit_class_effects(posterior: xr.DataTree, level: str = "node") -> pd.DataFr
     n = block_n[:, index]
     deviation = np.divide(data["block_dev_log"].to_numpy()[:, index], n,
                           out=np.zeros_like(n), where=n > 0)
-
-    def means(values, weights, key):
-        size = int(key.max()) + 1
-        total, summed = np.zeros((size, values.shape[1])), np.zeros((size, values.shape[1]))
-        np.add.at(total, key, weights)
-        np.add.at(summed, key, weights * values)
-        return np.divide(summed, total, out=np.zeros_like(total), where=total > 0), total
-
-    deviation = deviation - means(deviation, n, step)[0][step]
-    effects, counts = means(deviation, n, unit)
+    deviation = deviation - class_means(deviation, n, step, int(step.max()) + 1)[0][step]
+    effects, counts = class_means(deviation, n, unit, int(unit.max()) + 1)
     full = (counts > 0).all(axis=1)
     labels = np.asarray(post[level].to_numpy() if level in post.coords else
                         np.arange(effects.shape[0]))

@@ -382,10 +382,18 @@ def gpustep_core_start(data: dict) -> float:
     return float(max(np.sqrt(max(spread**2 - resolution**2, 0.0)), 0.05 * resolution))
 
 
-def _class_means(values: np.ndarray, weights: np.ndarray, index: np.ndarray,
+def class_means(values: np.ndarray, weights: np.ndarray, index: np.ndarray,
                  size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per ``index`` bucket and kernel class (columns), the weighted mean of ``values`` and
-    the weights' total."""
+    """Per ``index`` bucket (rows of the result) and kernel class (columns), the weighted mean
+    of ``values`` and the weights' total.
+
+    Examples
+    --------
+    >>> means, total = class_means(np.array([[1.0], [3.0], [5.0]]), np.array([[1.0], [3.0],
+    ...                            [2.0]]), np.array([0, 0, 1]), 2)
+    >>> means.ravel().tolist(), total.ravel().tolist()
+    ([2.5, 5.0], [4.0, 2.0])
+    """
     total = np.zeros((size, values.shape[1]))
     summed = np.zeros_like(total)
     np.add.at(total, index, weights)
@@ -431,21 +439,21 @@ def loading_ratio_start(data: dict, level: str) -> tuple[np.ndarray, float] | No
     residual = np.divide(data["block_dev"], block_n, out=np.zeros_like(block_n),
                          where=block_n > 0)
     gpu, step = data["gpustep_gpu"], data["gpustep_step"]
-    residual = residual - _class_means(residual, block_n, step, int(step.max()) + 1)[0][step]
-    gpu_mean, gpu_n = _class_means(residual, block_n, gpu, int(gpu.max()) + 1)
+    residual = residual - class_means(residual, block_n, step, int(step.max()) + 1)[0][step]
+    gpu_mean, gpu_n = class_means(residual, block_n, gpu, int(gpu.max()) + 1)
     if level == "gpustep":
         effects = residual - gpu_mean[gpu]
         counts, group = block_n, np.zeros(len(gpu), dtype=int)
     else:
         unit = np.asarray(data[f"{level}_of_gpu"])
-        effects, counts = _class_means(gpu_mean, gpu_n, unit, int(unit.max()) + 1)
+        effects, counts = class_means(gpu_mean, gpu_n, unit, int(unit.max()) + 1)
         group = np.asarray(data[f"{level}_group"])
     full = (counts[:, compute] > 0).all(axis=1)
     if full.sum() < 3:
         return None
     effects, counts, group = effects[full][:, compute], counts[full][:, compute], group[full]
     n_groups = int(group.max()) + 1
-    effects = effects - _class_means(effects, counts, group, n_groups)[0][group]
+    effects = effects - class_means(effects, counts, group, n_groups)[0][group]
     reference = effects @ (weights[compute] / weights[compute].sum())
     spread = float(np.sum(reference**2))
     if spread <= 0.0:
