@@ -8,10 +8,11 @@ on GEMMs than on element-wise kernels) cannot be held by that level: the fit the
 other nodes' differences into other levels and reads the node population from the outlier
 alone, and it often does not converge (docs/status.md).
 
-:func:`off_pattern_units` reads the fit's block statistics, takes each unit's mean deviation
-per compute class once each step's class means are removed, and compares every unit with the
-pattern of the others (their first principal direction): a unit whose class effects that
-pattern leaves largely unexplained, by far more than it leaves of the others', is named.
+The same holds for a GPU within its node. :func:`off_pattern_units` reads the fit's block
+statistics, takes each unit's effect per compute class (:func:`unit_class_effects`), and
+compares every unit with the pattern of the others (their first principal direction): a unit
+whose class effects that pattern leaves largely unexplained, by far more than it leaves of
+the others', is named.
 """
 
 from __future__ import annotations
@@ -31,11 +32,15 @@ OFF_PATTERN_RATIO = 4.0
 
 
 def unit_class_effects(posterior: xr.DataTree, level: str = "node") -> pd.DataFrame | None:
-    """Per unit of ``level`` and compute class, the launch-weighted mean log deviation of its
-    GPU-steps once each step's class means are removed, centred on the units' median.
+    """Per node or GPU (``level``) and compute class, the effects the data show, in logs,
+    centred on the median unit.
 
-    Compute classes are those the level loads on (a posterior ``{level}_scale`` above zero).
-    None when the fit has no block statistics or no such level.
+    A GPU's effect is the launch-weighted mean deviation of its GPU-steps once each step's
+    class means are removed, less its node's median GPU (the GPU level holds GPUs within
+    their node); a node's is its median GPU's, so that one odd GPU is read as the GPU's and
+    not the node's. Compute classes are those the level loads on (a posterior
+    ``{level}_scale`` above zero). None for other levels, or when the fit has no block
+    statistics.
 
     Returns
     -------
@@ -46,13 +51,14 @@ def unit_class_effects(posterior: xr.DataTree, level: str = "node") -> pd.DataFr
         return None
     data = posterior["constant_data"].to_dataset()
     post = posterior["posterior"].to_dataset()
-    needed = ("block_dev_log", "block_n", "step_of_gpustep", f"{level}_of_gpustep")
-    if any(name not in data for name in needed) or f"{level}_scale" not in post:
+    needed = ("block_dev_log", "block_n", "step_of_gpustep", "gpu_of_gpustep", "node_of_gpustep")
+    if (level not in ("node", "gpu") or any(name not in data for name in needed)
+            or f"{level}_scale" not in post):
         return None
     block_n = data["block_n"].to_numpy().astype(float)
-    unit = data[f"{level}_of_gpustep"].to_numpy().astype(np.int64)
+    gpu = data["gpu_of_gpustep"].to_numpy().astype(np.int64)
     step = data["step_of_gpustep"].to_numpy().astype(np.int64)
-    if block_n.shape[0] != unit.size:  # blocks not one per GPU-step: nothing to read
+    if block_n.shape[0] != gpu.size:  # blocks not one per GPU-step: nothing to read
         return None
     loads = post[f"{level}_scale"].median(("chain", "draw"))
     classes = loads["kernel_class"].to_numpy()[loads.to_numpy() > 0]
@@ -61,9 +67,21 @@ def unit_class_effects(posterior: xr.DataTree, level: str = "node") -> pd.DataFr
     deviation = np.divide(data["block_dev_log"].to_numpy()[:, index], n,
                           out=np.zeros_like(n), where=n > 0)
     deviation = deviation - class_means(deviation, n, step, int(step.max()) + 1)[0][step]
-    effects, counts = class_means(deviation, n, unit, int(unit.max()) + 1)
+    effects, counts = class_means(deviation, n, gpu, int(gpu.max()) + 1)
+    node_of_gpu = np.zeros(effects.shape[0], dtype=np.int64)
+    node_of_gpu[gpu] = data["node_of_gpustep"].to_numpy().astype(np.int64)
+    # medians, not means: a mean would spread one slow GPU over its node and the node's GPUs
+    medians = np.stack([np.median(effects[node_of_gpu == k], axis=0)
+                        for k in range(int(node_of_gpu.max()) + 1)])
+    if level == "gpu":
+        effects = effects - medians[node_of_gpu]
+    else:
+        node_counts = np.zeros_like(medians)
+        np.add.at(node_counts, node_of_gpu, counts)
+        effects, counts = medians, node_counts
     full = (counts > 0).all(axis=1)
-    labels = np.asarray(post[level].to_numpy() if level in post.coords else
+    coord = {"gpu": "gpu_unit"}.get(level, level)
+    labels = np.asarray(post[coord].to_numpy() if coord in post.coords else
                         np.arange(effects.shape[0]))
     table = pd.DataFrame(effects[full], index=labels[full], columns=classes)
     # centred on the median unit: a mean would carry an outlier's share into every other unit
@@ -111,6 +129,9 @@ def _off_pattern_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     over, and whether that makes it off the pattern (:data:`OFF_PATTERN_SHARE`,
     :data:`OFF_PATTERN_RATIO`).
 
+    Named rows leave the others' pattern one at a time, worst first: a large odd row would
+    otherwise turn the direction the others are read against towards itself.
+
     Examples
     --------
     >>> rng = np.random.default_rng(0)
@@ -124,23 +145,19 @@ def _off_pattern_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     >>> np.flatnonzero(_off_pattern_rows(effects)[1]).tolist()
     []
     """
-    shares = _leftover_shares(values)
-    leftover = shares * np.linalg.norm(values, axis=1)
-    flagged = np.array([shares[i] > OFF_PATTERN_SHARE
-                        and leftover[i] > OFF_PATTERN_RATIO * np.median(np.delete(leftover, i))
-                        for i in range(len(values))], dtype=bool)
-    return shares, flagged
-
-
-def _leftover_shares(values: np.ndarray) -> np.ndarray:
-    """Per row, the share of its norm left over by the first principal direction of the
-    other rows (0 for a zero row)."""
-    shares = np.zeros(values.shape[0])
-    for i in range(values.shape[0]):
-        others = np.delete(values, i, axis=0)
-        direction = np.linalg.svd(others, full_matrices=False)[2][0]
-        row = values[i]
-        norm = float(np.linalg.norm(row))
-        if norm > 0:
-            shares[i] = float(np.linalg.norm(row - (row @ direction) * direction)) / norm
-    return shares
+    named = np.zeros(len(values), dtype=bool)
+    while True:
+        shares = np.zeros(len(values))
+        for i, row in enumerate(values):
+            others = values[~named & (np.arange(len(values)) != i)]
+            direction = np.linalg.svd(others, full_matrices=False)[2][0]
+            norm = float(np.linalg.norm(row))
+            if norm > 0:
+                shares[i] = float(np.linalg.norm(row - (row @ direction) * direction)) / norm
+        leftover = shares * np.linalg.norm(values, axis=1)
+        candidates = [i for i in np.flatnonzero(~named) if shares[i] > OFF_PATTERN_SHARE
+                      and leftover[i] > OFF_PATTERN_RATIO * np.median(
+                          leftover[~named & (np.arange(len(values)) != i)])]
+        if not candidates or (~named).sum() <= 3:
+            return shares, named
+        named[max(candidates, key=lambda i: leftover[i])] = True

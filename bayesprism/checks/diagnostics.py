@@ -216,7 +216,7 @@ def diagnose(
     notes += step_notes
     persistence, persistence_notes = episode_persistence(posterior)
     notes += persistence_notes
-    notes += off_pattern_units(posterior, "node")
+    notes += [note for level in ("node", "gpu") for note in off_pattern_units(posterior, level)]
     if persistence is not None and persistence.persistent:
         notes.append(persistence.message())
 

@@ -295,7 +295,7 @@ __all__ = [
 WARNING_ADVICE: tuple[tuple[str, str], ...] = (
     ("is left out", "give the plan's activation_bytes/gradient_bytes and layers (plan file) "
      "so this communication is costed, or read the forecast as a lower bound"),
-    ("in a pattern of its own", "look at that node's trace; to forecast the fleet without it, "
+    ("in a pattern of its own", "look at that unit's trace; to forecast the fleet without it, "
      "fit the other nodes' traces"),
     ("Only R-hat, and at most", "refit with --chains 4 (or another --random-seed); `bayesprism "
      "diagnose` names the coordinates"),

@@ -103,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
         tree = fit(tables, args.spec, draws=args.draws, tune=args.tune, chains=args.chains,
                    sampler=args.sampler, random_seed=args.random_seed, progress=progress,
                    target_accept=args.target_accept)
-        # a node the node level cannot hold often explains a fit that did not converge
-        off_pattern = off_pattern_units(tree, "node")
+        # a node or GPU its level cannot hold distorts the fit (or keeps it from converging)
+        off_pattern = [note for level in ("node", "gpu") for note in off_pattern_units(tree, level)]
         for note in off_pattern:
             warnings.warn(note, UserWarning, stacklevel=1)
     notes = [str(w.message) for w in caught
