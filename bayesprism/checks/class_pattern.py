@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from bayesprism.model.start import class_means
+from bayesprism.model.start import gpu_class_effects
 
 #: Share of a unit's class effects (root sum of squares) the others' pattern leaves over,
 #: above which the unit is off the pattern (10 % on every class alike, against the dev traces'
@@ -63,11 +63,8 @@ def unit_class_effects(posterior: xr.DataTree, level: str = "node") -> pd.DataFr
     loads = post[f"{level}_scale"].median(("chain", "draw"))
     classes = loads["kernel_class"].to_numpy()[loads.to_numpy() > 0]
     index = [list(data["kernel_class"].to_numpy()).index(c) for c in classes]
-    n = block_n[:, index]
-    deviation = np.divide(data["block_dev_log"].to_numpy()[:, index], n,
-                          out=np.zeros_like(n), where=n > 0)
-    deviation = deviation - class_means(deviation, n, step, int(step.max()) + 1)[0][step]
-    effects, counts = class_means(deviation, n, gpu, int(gpu.max()) + 1)
+    _, effects, counts = gpu_class_effects(data["block_dev_log"].to_numpy()[:, index],
+                                           block_n[:, index], gpu, step)
     node_of_gpu = np.zeros(effects.shape[0], dtype=np.int64)
     node_of_gpu[gpu] = data["node_of_gpustep"].to_numpy().astype(np.int64)
     # medians, not means: a mean would spread one slow GPU over its node and the node's GPUs
@@ -86,6 +83,17 @@ def unit_class_effects(posterior: xr.DataTree, level: str = "node") -> pd.DataFr
     table = pd.DataFrame(effects[full], index=labels[full], columns=classes)
     # centred on the median unit: a mean would carry an outlier's share into every other unit
     return table - table.median(axis=0)
+
+
+def off_pattern_notes(posterior: xr.DataTree) -> list[str]:
+    """:func:`off_pattern_units` of the nodes, then of the GPUs.
+
+    Examples
+    --------
+    >>> off_pattern_notes(xr.DataTree())
+    []
+    """
+    return [note for level in ("node", "gpu") for note in off_pattern_units(posterior, level)]
 
 
 def off_pattern_units(posterior: xr.DataTree, level: str = "node") -> list[str]:
@@ -145,11 +153,12 @@ def _off_pattern_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     >>> np.flatnonzero(_off_pattern_rows(effects)[1]).tolist()
     []
     """
+    rows = np.arange(len(values))
     named = np.zeros(len(values), dtype=bool)
     while True:
         shares = np.zeros(len(values))
         for i, row in enumerate(values):
-            others = values[~named & (np.arange(len(values)) != i)]
+            others = values[~named & (rows != i)]
             direction = np.linalg.svd(others, full_matrices=False)[2][0]
             norm = float(np.linalg.norm(row))
             if norm > 0:
@@ -157,7 +166,7 @@ def _off_pattern_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         leftover = shares * np.linalg.norm(values, axis=1)
         candidates = [i for i in np.flatnonzero(~named) if shares[i] > OFF_PATTERN_SHARE
                       and leftover[i] > OFF_PATTERN_RATIO * np.median(
-                          leftover[~named & (np.arange(len(values)) != i)])]
+                          leftover[~named & (rows != i)])]
         if not candidates or (~named).sum() <= 3:
             return shares, named
         named[max(candidates, key=lambda i: leftover[i])] = True

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from bayesprism.checks.class_pattern import off_pattern_units
+from bayesprism.checks.class_pattern import off_pattern_notes
 from bayesprism.checks.persistence import PersistentSlowdowns, episode_persistence
 from bayesprism.checks.predictive_checks import cell_predictive_check, step_time_check
 from bayesprism.errors import ArtifactError, Problem
@@ -216,7 +216,7 @@ def diagnose(
     notes += step_notes
     persistence, persistence_notes = episode_persistence(posterior)
     notes += persistence_notes
-    notes += [note for level in ("node", "gpu") for note in off_pattern_units(posterior, level)]
+    notes += off_pattern_notes(posterior)
     if persistence is not None and persistence.persistent:
         notes.append(persistence.message())
 

@@ -60,7 +60,7 @@ def _fmt(value) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bayesprism.checks.class_pattern import off_pattern_units
+    from bayesprism.checks.class_pattern import off_pattern_notes
     from bayesprism.checks.diagnostics import level_cvs
     from bayesprism.inference import convergence_summary, fit
     from bayesprism.ingest.layout import parse_layout_args
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
                    sampler=args.sampler, random_seed=args.random_seed, progress=progress,
                    target_accept=args.target_accept)
         # a node or GPU its level cannot hold distorts the fit (or keeps it from converging)
-        off_pattern = [note for level in ("node", "gpu") for note in off_pattern_units(tree, level)]
+        off_pattern = off_pattern_notes(tree)
         for note in off_pattern:
             warnings.warn(note, UserWarning, stacklevel=1)
     notes = [str(w.message) for w in caught

@@ -383,7 +383,7 @@ def gpustep_core_start(data: dict) -> float:
 
 
 def class_means(values: np.ndarray, weights: np.ndarray, index: np.ndarray,
-                 size: int) -> tuple[np.ndarray, np.ndarray]:
+                size: int) -> tuple[np.ndarray, np.ndarray]:
     """Per ``index`` bucket (rows of the result) and kernel class (columns), the weighted mean
     of ``values`` and the weights' total.
 
@@ -399,6 +399,30 @@ def class_means(values: np.ndarray, weights: np.ndarray, index: np.ndarray,
     np.add.at(total, index, weights)
     np.add.at(summed, index, weights * values)
     return summed / np.maximum(total, 1e-300), total
+
+
+def gpu_class_effects(block_dev: np.ndarray, block_n: np.ndarray, gpu: np.ndarray,
+                      step: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The GPU-steps' mean log deviations per kernel class less each step's class means, and
+    per GPU their launch-weighted means and launch counts.
+
+    ``block_dev`` and ``block_n``: per GPU-step (rows) and class, the summed deviations and
+    the launches; ``gpu`` and ``step``: each GPU-step's GPU and step.
+
+    Examples
+    --------
+    >>> dev = np.array([[0.02], [0.04], [0.0], [0.02]])   # 2 GPUs x 2 steps, 1 launch each
+    >>> residual, gpu_mean, gpu_n = gpu_class_effects(dev, np.ones((4, 1)),
+    ...                                               np.array([0, 0, 1, 1]),
+    ...                                               np.array([0, 1, 0, 1]))
+    >>> np.round(gpu_mean.ravel(), 3).tolist(), gpu_n.ravel().tolist()
+    ([0.01, -0.01], [2.0, 2.0])
+    """
+    residual = np.divide(block_dev, block_n, out=np.zeros_like(block_n, dtype=float),
+                         where=block_n > 0)
+    residual = residual - class_means(residual, block_n, step, int(step.max()) + 1)[0][step]
+    gpu_mean, gpu_n = class_means(residual, block_n, gpu, int(gpu.max()) + 1)
+    return residual, gpu_mean, gpu_n
 
 
 def loading_ratio_start(data: dict, level: str) -> tuple[np.ndarray, float] | None:
@@ -436,11 +460,9 @@ def loading_ratio_start(data: dict, level: str) -> tuple[np.ndarray, float] | No
     weights = np.asarray(data["class_reference_weights"], dtype=float)
     compute = weights > 0
     block_n = np.asarray(data["block_n"], dtype=float)
-    residual = np.divide(data["block_dev"], block_n, out=np.zeros_like(block_n),
-                         where=block_n > 0)
-    gpu, step = data["gpustep_gpu"], data["gpustep_step"]
-    residual = residual - class_means(residual, block_n, step, int(step.max()) + 1)[0][step]
-    gpu_mean, gpu_n = class_means(residual, block_n, gpu, int(gpu.max()) + 1)
+    gpu = data["gpustep_gpu"]
+    residual, gpu_mean, gpu_n = gpu_class_effects(data["block_dev"], block_n, gpu,
+                                                  data["gpustep_step"])
     if level == "gpustep":
         effects = residual - gpu_mean[gpu]
         counts, group = block_n, np.zeros(len(gpu), dtype=int)
