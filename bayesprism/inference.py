@@ -43,24 +43,28 @@ RHAT_BORDERLINE = 1.02
 SAMPLERS: tuple[str, ...] = ("auto", "nutpie", "pymc", "advi", "pathfinder")
 #: Iterations of ADVI (stops earlier when the parameters converge).
 ADVI_ITERATIONS = 30_000
-#: Warm-up iterations per chain by nutpie mass-matrix adaptation (``fit(tune=None)``,
-#: :func:`default_tune`). The low-rank adaptation learns its matrix from draws and gradients in
-#: windows and settles sooner than the diagonal one (nutpie's own default is 800 against 400 for
-#: its diagonal); on the traced 3D job (193 coordinates, seeds 0-6) 600 warm-up draws gave the
-#: same max R-hat (mean 1.011 against 1.011) and bulk ESS (690 against 700) as 1000, no
-#: divergences, in 29 % less time. The diagonal adaptation keeps PyMC's 1000: the DLRM sample
-#: at 600 reached R-hat 1.012-1.014 against 1.010 (seeds 0-1).
-DEFAULT_TUNE = {"diag": 1000, "low_rank": 600}
-#: Models with more coordinates keep 1000 under the low-rank matrix too: the traced 3D job
-#: fitted with its fleet GEMM benchmark (4,299 coordinates, seed 0) reached R-hat 1.042 and
-#: bulk ESS 51 at 600 against 1.018 and 71 at 1000.
+#: Warm-up iterations and draws per chain by nutpie mass-matrix adaptation (``fit(tune=None,
+#: draws=None)``, :func:`default_length`). The low-rank adaptation learns its matrix from draws
+#: and gradients in windows and settles sooner than the diagonal one (nutpie's own default is
+#: 800 against 400 for its diagonal); on the traced 3D job (193 coordinates, seeds 0-6) 600
+#: warm-up draws gave the same max R-hat (mean 1.011 against 1.011) and bulk ESS (690 against
+#: 700) as 1000, no divergences, in 29 % less time. That warm-up costs about twice a sampling
+#: iteration, so the time saved buys 1500 draws: with 1000, the largest of the 193 split R-hats
+#: of 2 chains crossed 1.01 by chance on 4 of those 7 seeds (1.011-1.016, each time another
+#: coordinate); with 1500 it stayed at 1.005-1.008 on all 7 (bulk ESS 496-1390), for about 6 s
+#: more. The diagonal adaptation keeps PyMC's 1000 and 1000: the DLRM sample at a warm-up of
+#: 600 reached R-hat 1.012-1.014 against 1.010 (seeds 0-1).
+DEFAULT_LENGTH = {"diag": (1000, 1000), "low_rank": (600, 1500)}
+#: Models with more coordinates keep 1000 and 1000 under the low-rank matrix too: the traced 3D
+#: job fitted with its fleet GEMM benchmark (4,299 coordinates, seed 0) reached R-hat 1.042
+#: and bulk ESS 51 at a warm-up of 600 against 1.018 and 71 at 1000.
 SHORT_WARMUP_MAX_COORDINATES = 1000
 
 
-def default_tune(model, mass_matrix: str) -> int:
-    """Warm-up iterations per chain for a PyMC model sampled under ``mass_matrix``.
+def default_length(model, mass_matrix: str) -> tuple[int, int]:
+    """Warm-up iterations and draws per chain for a PyMC model sampled under ``mass_matrix``.
 
-    :data:`DEFAULT_TUNE` of the adaptation, but 1000 for models of more than
+    :data:`DEFAULT_LENGTH` of the adaptation, but the diagonal's for models of more than
     :data:`SHORT_WARMUP_MAX_COORDINATES` unconstrained coordinates.
 
     Examples
@@ -68,14 +72,14 @@ def default_tune(model, mass_matrix: str) -> int:
     >>> import pymc as pm
     >>> with pm.Model() as model:
     ...     effect = pm.Normal("effect", shape=8)
-    >>> default_tune(model, "low_rank"), default_tune(model, "diag")
-    (600, 1000)
+    >>> default_length(model, "low_rank"), default_length(model, "diag")
+    ((600, 1500), (1000, 1000))
     """
     shapes = model.eval_rv_shapes()
     size = sum(int(np.prod(shapes[v.name])) for v in model.value_vars)
     if size > SHORT_WARMUP_MAX_COORDINATES:
-        return DEFAULT_TUNE["diag"]
-    return DEFAULT_TUNE[mass_matrix]
+        return DEFAULT_LENGTH["diag"]
+    return DEFAULT_LENGTH[mass_matrix]
 
 
 def _as_tables(tables) -> list[pd.DataFrame]:
@@ -295,7 +299,8 @@ def _warn_convergence(tree: xr.DataTree) -> None:
             ConvergenceWarning, stacklevel=3)
 
 
-def fit(tables, spec=None, *, draws: int = 1000, tune: int | None = None, chains: int = 2,
+def fit(tables, spec=None, *, draws: int | None = None, tune: int | None = None,
+        chains: int = 2,
         sampler: str = "auto", random_seed: int = 0, progress: bool = True,
         target_accept: float | None = None) -> xr.DataTree:
     """Fit a model to trace tables and return its posterior as a self-describing DataTree.
@@ -312,9 +317,10 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int | None = None, chains
         TOML path. ``None`` means ``ModelSpec.default()``, or the step spec when every row is a
         step-level row (``kernel_class == "step"``; a ``UserWarning`` says so).
     draws, tune, chains
-        Posterior draws and warm-up iterations per chain, and the number of chains. ``tune``
-        ``None``: the model's warm-up (:func:`default_tune`: 1000, or 600 for models of up
-        to 1,000 coordinates that nutpie samples with its low-rank mass matrix).
+        Posterior draws and warm-up iterations per chain, and the number of chains. ``None``:
+        the model's (:func:`default_length`: 1000 each, or 1500 draws after a warm-up of 600
+        for models of up to 1,000 coordinates that nutpie samples with its low-rank mass
+        matrix).
     sampler
         ``"auto"`` (nutpie when installed, else PyMC), ``"nutpie"``, ``"pymc"``, ``"advi"``,
         ``"pathfinder"`` (only with pymc-extras importable).
@@ -360,7 +366,8 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int | None = None, chains
     problems = [
         Problem("fit", name, "must be a positive integer", example=value)
         for name, value in (("draws", draws), ("chains", chains))
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1
+        if (value is not None or name == "chains") and (
+            isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1)
     ]
     if tune is not None and (isinstance(tune, bool) or not isinstance(tune, (int, np.integer))
                              or tune < 0):
@@ -390,8 +397,10 @@ def fit(tables, spec=None, *, draws: int = 1000, tune: int | None = None, chains
         digest = stats.input_digest
     model = build(prepared, spec)
     mass_matrix = str(prepared.attrs.get("mass_matrix", "diag"))
-    if tune is None:
-        tune = default_tune(model, mass_matrix if sampler == "nutpie" else "diag")
+    default_tune, default_draws = default_length(
+        model, mass_matrix if sampler == "nutpie" else "diag")
+    tune = default_tune if tune is None else tune
+    draws = default_draws if draws is None else draws
 
     start = time.perf_counter()
     tree = _sample(model, sampler, draws=int(draws), tune=int(tune), chains=int(chains),

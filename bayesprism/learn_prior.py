@@ -94,7 +94,7 @@ def _manifest_rows(paths: list[str]) -> dict[str, dict]:
     return {p: found[str(Path(p).resolve())] for p in paths if str(Path(p).resolve()) in found}
 
 
-def ladder_evidence(table: pd.DataFrame, name: str, *, draws: int = 1000,
+def ladder_evidence(table: pd.DataFrame, name: str, *, draws: int | None = None,
                     tune: int | None = None,
                     chains: int = 2, random_seed: int = 0, progress: bool = False) -> dict:
     """Fit the step model to every run of one ladder under flat priors; its evidence.
@@ -127,7 +127,7 @@ def ladder_evidence(table: pd.DataFrame, name: str, *, draws: int = 1000,
 
 def learn_layout_prior(ladders: Mapping[str, pd.DataFrame | Sequence[str | Path]], *,
                        output: str | Path | None = None, layout: Mapping | None = None,
-                       draws: int = 1000, tune: int | None = None, chains: int = 2,
+                       draws: int | None = None, tune: int | None = None, chains: int = 2,
                        random_seed: int = 0, progress: bool = False) -> LayoutPrior:
     """Learn the step model's layout-deviation and spike-growth priors from several ladders.
 

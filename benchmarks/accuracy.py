@@ -457,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
                     "calibrated sample of its size (median, 90th percentile, share at least as "
                     "far off), the IQR of the clusters' median steps vs the forecast's "
                     "(shares of calibrated samples at most / at least as spread), and the p50 / "
-                    "p95 errors vs a calibrated sample's (5-95 % range, two-sided share):",
+                    "p95 errors and the 90 % coverage vs a calibrated sample's (5-95 % range, "
+                    "two-sided share):",
                     pd.DataFrame(args.cluster_rows))
     if args.level_rows:
         print_table("Step forecasts, level vs within-layout shape (level: median of each draw's "

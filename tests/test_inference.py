@@ -141,7 +141,7 @@ def test_a_borderline_rhat_from_two_chains_is_told_apart_from_a_real_problem():
 def test_the_short_low_rank_warmup_is_for_models_of_up_to_1000_coordinates():
     import pymc as pm
 
-    from bayesprism.inference import SHORT_WARMUP_MAX_COORDINATES, default_tune
+    from bayesprism.inference import SHORT_WARMUP_MAX_COORDINATES, default_length
 
     def model(size: int):
         with pm.Model() as m:  # a transformed coordinate counts once, as sampled
@@ -150,5 +150,6 @@ def test_the_short_low_rank_warmup_is_for_models_of_up_to_1000_coordinates():
         return m
 
     small, large = model(SHORT_WARMUP_MAX_COORDINATES), model(SHORT_WARMUP_MAX_COORDINATES + 1)
-    assert default_tune(small, "low_rank") == 600 and default_tune(small, "diag") == 1000
-    assert default_tune(large, "low_rank") == 1000
+    assert default_length(small, "low_rank") == (600, 1500)
+    assert default_length(small, "diag") == (1000, 1000)
+    assert default_length(large, "low_rank") == (1000, 1000)

@@ -173,13 +173,21 @@ def test_cluster_sample_check_tells_chance_from_a_wrong_spread_or_level():
         low, high = calibrated[f"{name}_null_q05"], calibrated[f"{name}_null_q95"]
         # a few clusters' quantiles scatter around the pooled ones: by about the clusters' sd
         assert low < 0 < high and 0.004 < high - low < 0.03
+    # a calibrated 12-cluster sample's 90 % coverage scatters widely around 0.9
+    assert calibrated["coverage_90_p_value"] > 0.01
+    low, high = calibrated["coverage_90_null_q05"], calibrated["coverage_90_null_q95"]
+    assert low < 0.88 and 0.92 < high
     tight = check(_clusters(rng, 12, 150, 0.001))
     assert tight["spread_p_low"] < 0.01
+    # clusters closer together than the forecast's: its interval covers too much
+    assert tight["coverage_90"] > tight["coverage_90_null_q95"]
+    assert tight["coverage_90_p_value"] < 0.05
     slow = check(_clusters(rng, 12, 150, 0.01, shift=0.03))
     assert slow["ks_p_value"] < 0.01 and slow["ks"] > slow["ks_null_q90"]
     # 3 % slower clusters: the forecast's quantiles fall ~3 % short, far outside chance
     assert slow["p95_error"] < slow["p95_null_q05"] and slow["p95_p_value"] < 0.01
     assert slow["p50_error"] == pytest.approx(-0.03, abs=0.01)
+    assert slow["coverage_90"] < slow["coverage_90_null_q05"]
     with pytest.raises(ValueError, match="150 steps, an observed one 200"):
         metrics.cluster_sample_check(pooled, forecast, [np.ones(200)])
     with pytest.raises(ValueError, match="at least 12 simulated"):

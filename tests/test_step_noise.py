@@ -191,19 +191,20 @@ def test_fitted_step_weights_count_the_gpu_steps_of_each_step():
 
 
 @pytest.mark.filterwarnings("ignore::bayesprism.errors.ConvergenceWarning")
-def test_default_warmup_is_the_mass_matrix_adaptations():
-    """``tune=None``: 600 warm-up draws under nutpie's low-rank mass matrix (a noisy step),
-    1000 under the diagonal one."""
+def test_default_warmup_and_draws_are_the_mass_matrix_adaptations():
+    """``tune=None, draws=None``: 600 warm-up draws and 1500 draws under nutpie's low-rank
+    mass matrix (a noisy step), 1000 and 1000 under the diagonal one."""
     from posterior_builders import tiny_kernel_table, tiny_spec
 
-    from bayesprism.inference import DEFAULT_TUNE, fit
+    from bayesprism.inference import DEFAULT_LENGTH, fit
 
     noisy = dataclasses.replace(ModelSpec.load("benchmark"), levels=("node", "step"),
                                 step_noise=True)
-    for table, spec, mass_matrix, tune in ((noisy_step_table(), noisy, "low_rank", 600),
-                                           (tiny_kernel_table(), tiny_spec(), "diag", 1000)):
-        tree = fit(table, spec, draws=5, chains=1, sampler="nutpie", random_seed=0,
-                   progress=False)
+    for table, spec, mass_matrix, length in (
+            (noisy_step_table(), noisy, "low_rank", (600, 1500)),
+            (tiny_kernel_table(), tiny_spec(), "diag", (1000, 1000))):
+        tree = fit(table, spec, chains=1, sampler="nutpie", random_seed=0, progress=False)
         assert tree["posterior"].attrs.get("mass_matrix", "diag") == mass_matrix
-        assert tree.attrs["tune"] == tune == DEFAULT_TUNE[mass_matrix]
-        assert tree["warmup_sample_stats"].sizes["draw"] == tune
+        assert (tree.attrs["tune"], tree.attrs["draws"]) == length == DEFAULT_LENGTH[mass_matrix]
+        assert tree["warmup_sample_stats"].sizes["draw"] == length[0]
+        assert tree["posterior"].sizes["draw"] == length[1]

@@ -347,7 +347,11 @@ def cluster_sample_check(reference, clusters, observed_clusters: Sequence, *,
     * ``p50_error`` / ``p95_error``, ``p50_null_q05`` … ``p95_null_q95`` and ``p50_p_value`` /
       ``p95_p_value``: the observed quantile errors (:func:`quantile_error`), the 5 % and 95 %
       quantiles of a calibrated sample's error, and the two-sided share of calibrated samples
-      at least as far out (a few clusters' 95th percentile scatters by several per cent).
+      at least as far out (a few clusters' 95th percentile scatters by several per cent);
+    * ``coverage_90``, ``coverage_90_null_q05`` / ``coverage_90_null_q95`` and
+      ``coverage_90_p_value``: the same for the share of the truth's steps inside the pooled
+      forecast's central 90 % interval (:func:`interval_coverage`): a few clusters, each
+      with its own nodes, are inside together or outside together.
 
     Parameters
     ----------
@@ -369,8 +373,9 @@ def cluster_sample_check(reference, clusters, observed_clusters: Sequence, *,
     -------
     dict
         ``ks``, ``ks_null_q50``, ``ks_null_q90``, ``ks_p_value``, ``spread``,
-        ``spread_null_q50``, ``spread_p_low``, ``spread_p_high`` and, for ``p50`` and ``p95``,
-        ``*_error``, ``*_null_q05``, ``*_null_q95`` and ``*_p_value`` as floats.
+        ``spread_null_q50``, ``spread_p_low``, ``spread_p_high``, for ``p50`` and ``p95``
+        ``*_error``, ``*_null_q05``, ``*_null_q95`` and ``*_p_value``, and ``coverage_90`` with
+        its ``_null_q05``, ``_null_q95`` and ``_p_value``, as floats.
 
     Raises
     ------
@@ -412,10 +417,13 @@ def cluster_sample_check(reference, clusters, observed_clusters: Sequence, *,
         q25, q50, q75 = np.quantile(medians, [0.25, 0.5, 0.75])
         return float((q75 - q25) / q50)
 
-    quantiles = {"p50": 0.5, "p95": 0.95}
+    # scores of a sample compared two-sided with a calibrated sample's
+    two_sided = {"p50_error": lambda sample: quantile_error(pooled, sample, 0.5),
+                 "p95_error": lambda sample: quantile_error(pooled, sample, 0.95),
+                 "coverage_90": lambda sample: interval_coverage(pooled, sample, 0.9)}
     rng = np.random.default_rng(random_seed)
     null_ks, null_spread = np.empty(resamples), np.empty(resamples)
-    null_error = {name: np.empty(resamples) for name in quantiles}
+    null_score = {name: np.empty(resamples) for name in two_sided}
     for i in range(resamples):
         pool = simulated[rng.integers(simulated.shape[0])] if grouped else simulated
         picked = [pool[j, :c.size] for j, c in
@@ -424,8 +432,8 @@ def cluster_sample_check(reference, clusters, observed_clusters: Sequence, *,
         sample = np.concatenate(picked)
         null_ks[i] = ks_distance(pooled, sample)
         null_spread[i] = spread(picked)
-        for name, q in quantiles.items():
-            null_error[name][i] = quantile_error(pooled, sample, q)
+        for name, statistic in two_sided.items():
+            null_score[name][i] = statistic(sample)
     ks = ks_distance(pooled, observed_steps)
     observed_spread = spread(observed)
     checks = {"ks": ks, "ks_null_q50": float(np.median(null_ks)),
@@ -434,11 +442,13 @@ def cluster_sample_check(reference, clusters, observed_clusters: Sequence, *,
               "spread": observed_spread, "spread_null_q50": float(np.median(null_spread)),
               "spread_p_low": float(np.mean(null_spread <= observed_spread)),
               "spread_p_high": float(np.mean(null_spread >= observed_spread))}
-    for name, q in quantiles.items():
-        error, null = quantile_error(pooled, observed_steps, q), null_error[name]
+    for name, statistic in two_sided.items():
+        value, null = statistic(observed_steps), null_score[name]
         low, high = np.quantile(null, [0.05, 0.95])
-        checks |= {f"{name}_error": error, f"{name}_null_q05": float(low),
-                   f"{name}_null_q95": float(high),
-                   f"{name}_p_value": float(min(1.0, 2 * min(np.mean(null <= error),
-                                                             np.mean(null >= error))))}
+        # p50_error -> p50_null_q05; coverage_90 -> coverage_90_null_q05
+        prefix = name.removesuffix("_error")
+        checks |= {name: value, f"{prefix}_null_q05": float(low),
+                   f"{prefix}_null_q95": float(high),
+                   f"{prefix}_p_value": float(min(1.0, 2 * min(np.mean(null <= value),
+                                                               np.mean(null >= value))))}
     return checks

@@ -28,12 +28,14 @@ def add_sampler_options(parser: argparse.ArgumentParser, *, chains: int = 2,
     ----------
     parser
         The sub-command's parser; the values land in ``args.draws``, ``args.tune`` (``None``:
-        the model's warm-up, :func:`bayesprism.inference.default_tune`), ``args.chains`` and
+        the model's, :func:`bayesprism.inference.default_length`), ``args.chains`` and
         ``args.random_seed``.
     chains, random_seed
         The command's defaults.
     """
-    parser.add_argument("--draws", type=int, default=1000, help="draws per chain (default 1000)")
+    parser.add_argument("--draws", type=int, default=None,
+                        help="draws per chain (default: the model's, 1000, or 1500 for models "
+                             "of up to 1,000 coordinates under nutpie's low-rank mass matrix)")
     parser.add_argument("--tune", type=int, default=None,
                         help="warm-up per chain (default: the model's, 1000, or 600 for "
                              "models of up to 1,000 coordinates under nutpie's low-rank mass "

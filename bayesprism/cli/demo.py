@@ -106,7 +106,8 @@ def run(args) -> int:
         bp.save(posterior, out / "dlrm_posterior.nc")
     commands.append(
         f"bayesprism fit {out / 'dlrm_table.parquet'} -o {out / 'dlrm_posterior.nc'} "
-        f"--draws {args.draws}{'' if args.tune is None else f' --tune {args.tune}'} "
+        f"{'' if args.draws is None else f'--draws {args.draws} '}"
+        f"{'' if args.tune is None else f'--tune {args.tune} '}"
         f"--chains {args.chains} "
         f"--random-seed {args.random_seed}"
     )

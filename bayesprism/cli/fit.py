@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     problems = [Problem("arguments", f"--{name}", "must be a positive integer", example=value)
                 for name, value in (("draws", args.draws), ("chains", args.chains))
-                if value < 1]
+                if value is not None and value < 1]
     if args.tune is not None and args.tune < 0:
         problems.append(Problem("arguments", "--tune", "must be >= 0", example=args.tune))
     if args.target_accept is not None and not 0 < args.target_accept < 1:
