@@ -86,8 +86,8 @@ def fit(table, model, args):
     from bayesprism.checks.validate import fit_bayesprism
 
     start = time.perf_counter()
-    # full runs warm up as the product does (the model's default); --quick ones briefly
-    post = fit_bayesprism(table, model, draws=args.draws,
+    # full runs sample as the product does (the model's default length); --quick ones briefly
+    post = fit_bayesprism(table, model, draws=args.draws if args.quick else None,
                           tune=args.draws if args.quick else None, chains=2,
                           random_seed=args.seed, progress=False)
     return post, time.perf_counter() - start

@@ -254,7 +254,7 @@ def fit_bayesprism(
     table: pd.DataFrame,
     spec: str | None,
     *,
-    draws: int,
+    draws: int | None,
     tune: int | None,
     chains: int,
     random_seed: int,
