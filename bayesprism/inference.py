@@ -48,12 +48,12 @@ ADVI_ITERATIONS = 30_000
 #: and gradients in windows and settles sooner than the diagonal one (nutpie's own default is
 #: 800 against 400 for its diagonal); on the traced 3D job (193 coordinates, seeds 0-6) 600
 #: warm-up draws gave the same max R-hat (mean 1.011 against 1.011) and bulk ESS (690 against
-#: 700) as 1000, no divergences, in 29 % less time. That warm-up costs about twice a sampling
-#: iteration, so the time saved buys 1500 draws: with 1000, the largest of the 193 split R-hats
-#: of 2 chains crossed 1.01 by chance on 4 of those 7 seeds (1.011-1.016, each time another
-#: coordinate); with 1500 it stayed at 1.005-1.008 on all 7 (bulk ESS 496-1390), for about 6 s
-#: more. The diagonal adaptation keeps PyMC's 1000 and 1000: the DLRM sample at a warm-up of
-#: 600 reached R-hat 1.012-1.014 against 1.010 (seeds 0-1).
+#: 700) as 1000, no divergences, in 29 % less time. A low-rank warm-up iteration costs about
+#: twice a sampling one, so the time saved buys 1500 draws: with 1000, the largest of the 193
+#: split R-hats of 2 chains crossed 1.01 by chance on about half of those seeds (up to 1.016, each
+#: time another coordinate); with 1500 it stayed at 1.005-1.008 on all 7 (bulk ESS 496-1390),
+#: for 6-9 s more. The diagonal adaptation keeps PyMC's 1000 and 1000: the DLRM sample at a
+#: warm-up of 600 reached R-hat 1.012-1.014 against 1.010 (seeds 0-1).
 DEFAULT_LENGTH = {"diag": (1000, 1000), "low_rank": (600, 1500)}
 #: Models with more coordinates keep 1000 and 1000 under the low-rank matrix too: the traced 3D
 #: job fitted with its fleet GEMM benchmark (4,299 coordinates, seed 0) reached R-hat 1.042
@@ -300,8 +300,7 @@ def _warn_convergence(tree: xr.DataTree) -> None:
 
 
 def fit(tables, spec=None, *, draws: int | None = None, tune: int | None = None,
-        chains: int = 2,
-        sampler: str = "auto", random_seed: int = 0, progress: bool = True,
+        chains: int = 2, sampler: str = "auto", random_seed: int = 0, progress: bool = True,
         target_accept: float | None = None) -> xr.DataTree:
     """Fit a model to trace tables and return its posterior as a self-describing DataTree.
 
@@ -363,11 +362,11 @@ def fit(tables, spec=None, *, draws: int | None = None, tune: int | None = None,
     stats = tables if isinstance(tables, TraceStatistics) else None
     if stats is None:
         tables = [signature_as_kernel(t) for t in _as_tables(tables)]
+    given = ([] if draws is None else [("draws", draws)]) + [("chains", chains)]
     problems = [
         Problem("fit", name, "must be a positive integer", example=value)
-        for name, value in (("draws", draws), ("chains", chains))
-        if (value is not None or name == "chains") and (
-            isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1)
+        for name, value in given
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1
     ]
     if tune is not None and (isinstance(tune, bool) or not isinstance(tune, (int, np.integer))
                              or tune < 0):
