@@ -40,6 +40,11 @@ ESS_PER_CHAIN = 100
 #: is often chance: the largest of hundreds of coordinates' split R-hats crossed 1.01 on about
 #: half the seeds of the traced 3D job's fit (1.011-1.016, each time on another coordinate).
 RHAT_BORDERLINE = 1.02
+#: Chains whose mean log densities differ by more than this many within-chain standard
+#: deviations sit in different modes, which sampling longer does not join (a traced job twice
+#: the dev job's size: 35, with R-hat 1.83; the dev traces: 0.02; a slowly mixing fit, R-hat
+#: 1.06: 0.14).
+MODE_GAP_SDS = 3.0
 SAMPLERS: tuple[str, ...] = ("auto", "nutpie", "pymc", "advi", "pathfinder")
 #: Iterations of ADVI (stops earlier when the parameters converge).
 ADVI_ITERATIONS = 30_000
@@ -236,7 +241,9 @@ def convergence_summary(tree: xr.DataTree) -> dict:
     -------
     dict
         ``max_rhat``, ``min_ess_bulk``, ``divergences`` (int), ``failing`` (list of
-        ``"name: reason"`` strings), ``checked`` (False for ADVI/pathfinder draws).
+        ``"name: reason"`` strings), ``checked`` (False for ADVI/pathfinder draws) and
+        ``chain_logp_gap`` / ``chain_logp_gap_sds`` (:func:`chain_logp_gap`; NaN without
+        two chains' log densities).
     """
     import arviz as az
 
@@ -246,9 +253,11 @@ def convergence_summary(tree: xr.DataTree) -> dict:
     divergences = 0
     if "sample_stats" in tree.children and "diverging" in tree["sample_stats"]:
         divergences = int(tree["sample_stats"]["diverging"].sum())
+    gap = chain_logp_gap(tree)
     result = {"max_rhat": float("nan"), "min_ess_bulk": float("nan"),
               "divergences": divergences, "failing": [],
-              "checked": sampler in ("nutpie", "pymc") and chains > 1}
+              "checked": sampler in ("nutpie", "pymc") and chains > 1,
+              "chain_logp_gap": gap[0], "chain_logp_gap_sds": gap[1]}
     if posterior.sizes.get("draw", 0) < 4:
         return result
     with warnings.catch_warnings():
@@ -276,6 +285,37 @@ def convergence_summary(tree: xr.DataTree) -> dict:
     return result
 
 
+def chain_logp_gap(tree: xr.DataTree) -> tuple[float, float]:
+    """The largest difference between two chains' mean log densities (log units, and sds).
+
+    In within-chain standard deviations (pooled) as well; NaNs without two chains' log
+    densities (``sample_stats`` ``logp`` of nutpie, ``lp`` of PyMC).
+
+    Chains in one mode differ by a small fraction of a standard deviation; chains in different
+    modes by several (:data:`MODE_GAP_SDS`).
+
+    Examples
+    --------
+    >>> logp = np.stack([np.random.default_rng(0).normal(0.0, 10.0, 500),
+    ...                  np.random.default_rng(1).normal(-400.0, 10.0, 500)])
+    >>> tree = xr.DataTree.from_dict({"sample_stats": xr.Dataset(
+    ...     {"logp": (("chain", "draw"), logp)})})
+    >>> [round(v) for v in chain_logp_gap(tree)]
+    [400, 41]
+    """
+    if "sample_stats" not in tree.children:
+        return float("nan"), float("nan")
+    stats = tree["sample_stats"].to_dataset()
+    name = next((n for n in ("logp", "lp") if n in stats), None)
+    if name is None or stats.sizes.get("chain", 1) < 2 or stats.sizes.get("draw", 0) < 4:
+        return float("nan"), float("nan")
+    logp = stats[name].transpose("chain", "draw").to_numpy().astype(float)
+    means = logp.mean(axis=1)
+    gap = float(means.max() - means.min())
+    within = float(np.sqrt(logp.var(axis=1, ddof=1).mean()))
+    return gap, gap / within if within > 0 else float("inf")
+
+
 def _warn_convergence(tree: xr.DataTree) -> None:
     summary = convergence_summary(tree)
     if not summary["checked"]:
@@ -287,11 +327,18 @@ def _warn_convergence(tree: xr.DataTree) -> None:
         chains = int(tree["posterior"].sizes["chain"])
         borderline = (not summary["divergences"] and summary["max_rhat"] <= RHAT_BORDERLINE
                       and summary["min_ess_bulk"] >= ESS_PER_CHAIN * chains)
-        advice = (f"Only R-hat, and at most {RHAT_BORDERLINE}: with {chains} chains the largest "
-                  "of many coordinates' R-hats crosses 1.01 by chance on some well-mixed fits; "
-                  "refit with 4 chains (or another seed) to tell chance from a real problem."
-                  if borderline and chains <= 2 else
-                  "Sample longer (draws/tune) before trusting forecasts.")
+        advice = "Sample longer (draws/tune) before trusting forecasts."
+        if borderline and chains <= 2:
+            advice = (f"Only R-hat, and at most {RHAT_BORDERLINE}: with {chains} chains the "
+                      "largest of many coordinates' R-hats crosses 1.01 by chance on some "
+                      "well-mixed fits; refit with 4 chains (or another seed) to tell chance "
+                      "from a real problem.")
+        elif summary["chain_logp_gap_sds"] > MODE_GAP_SDS:
+            advice = (f"The chains sit in different modes: their mean log densities differ by "
+                      f"{summary['chain_logp_gap']:.0f} ({summary['chain_logp_gap_sds']:.0f} "
+                      "within-chain sds), which sampling longer does not join, and forecasts "
+                      "mix the modes. The parameters above are where they disagree; refit "
+                      "with more chains to see how many modes there are.")
         warnings.warn(
             "the fit did not converge (R-hat must be <= "
             f"{RHAT_MAX}, bulk ESS >= {ESS_PER_CHAIN * chains}, no divergences): "

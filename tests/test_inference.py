@@ -153,3 +153,27 @@ def test_the_short_low_rank_warmup_is_for_models_of_up_to_1000_coordinates():
     assert default_length(small, "low_rank") == (600, 1500)
     assert default_length(small, "diag") == (1000, 1000)
     assert default_length(large, "low_rank") == (1000, 1000)
+
+
+def test_chains_in_different_modes_are_told_apart_from_slow_mixing():
+    """R-hat far out with the chains' mean log densities many sds apart: the warning says the
+    chains sit in different modes (sampling longer does not join them); with log densities
+    alike it says to sample longer."""
+    from bayesprism.cli._common import summarize_warnings
+    from bayesprism.inference import MODE_GAP_SDS, _warn_convergence
+
+    rng = np.random.default_rng(2)
+    for gap, told in ((400.0, "different modes"), (1.0, "Sample longer")):
+        tree = _two_chains(1.0)
+        logp = rng.normal(0.0, 10.0, (2, 1000))
+        logp[1] -= gap
+        tree["sample_stats"] = tree["sample_stats"].to_dataset().assign(
+            logp=(("chain", "draw"), logp))
+        summary = convergence_summary(tree)
+        assert summary["chain_logp_gap"] == pytest.approx(gap, abs=2.0)
+        assert (summary["chain_logp_gap_sds"] > MODE_GAP_SDS) == (gap > 100)
+        with pytest.warns(ConvergenceWarning, match=told) as caught:
+            _warn_convergence(tree)
+        if gap > 100:
+            assert "what to do: refit with --chains 4" in summarize_warnings(caught)[0]
+    assert np.isnan(convergence_summary(_two_chains(1.0))["chain_logp_gap"])

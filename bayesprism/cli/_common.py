@@ -301,6 +301,9 @@ WARNING_ADVICE: tuple[tuple[str, str], ...] = (
      "fit the other nodes' traces"),
     ("Only R-hat, and at most", "refit with --chains 4 (or another --random-seed); `bayesprism "
      "diagnose` names the coordinates"),
+    ("sit in different modes", "refit with --chains 4: chains that keep to different modes "
+     "mean the model cannot tell the data's explanations apart (docs/status.md); read the "
+     "forecast as a mixture of them"),
     ("ConvergenceWarning", "sample longer (--draws/--tune) or raise --target-accept (e.g. "
      "0.95); check with `bayesprism diagnose`"),
     ("slowdown cap", "the tail is extrapolated far beyond the measured units: measure more "
