@@ -286,10 +286,10 @@ def convergence_summary(tree: xr.DataTree) -> dict:
 
 
 def chain_logp_gap(tree: xr.DataTree) -> tuple[float, float]:
-    """The largest difference between two chains' mean log densities (log units, and sds).
+    """The largest difference between two chains' mean log densities, and that in sds.
 
-    In within-chain standard deviations (pooled) as well; NaNs without two chains' log
-    densities (``sample_stats`` ``logp`` of nutpie, ``lp`` of PyMC).
+    Returns the difference in log units and in pooled within-chain standard deviations; NaNs
+    without two chains' log densities (``sample_stats`` ``logp`` of nutpie, ``lp`` of PyMC).
 
     Chains in one mode differ by a small fraction of a standard deviation; chains in different
     modes by several (:data:`MODE_GAP_SDS`).
