@@ -443,10 +443,11 @@ def fit(tables, spec=None, *, draws: int | None = None, tune: int | None = None,
         digest = stats.input_digest
     model = build(prepared, spec)
     mass_matrix = str(prepared.attrs.get("mass_matrix", "diag"))
-    default_tune, default_draws = default_length(
-        model, mass_matrix if sampler == "nutpie" else "diag")
-    tune = default_tune if tune is None else tune
-    draws = default_draws if draws is None else draws
+    if tune is None or draws is None:  # the model's size and adaptation decide
+        default_tune, default_draws = default_length(
+            model, mass_matrix if sampler == "nutpie" else "diag")
+        tune = default_tune if tune is None else tune
+        draws = default_draws if draws is None else draws
 
     start = time.perf_counter()
     tree = _sample(model, sampler, draws=int(draws), tune=int(tune), chains=int(chains),
