@@ -26,7 +26,9 @@ ROW_LIKELIHOODS: tuple[str, ...] = ("student_t", "mixture")
 POPULATIONS: tuple[str, ...] = ("normal", "student_t", "mixture", "degraded")
 #: Families of GPU×step (transient) effects: ``degraded`` adds episodes, GPU-steps slowed by a
 #: shift and spread of their own (thermal or power throttling), marginalised in closed form.
-GPUSTEP_POPULATIONS: tuple[str, ...] = ("normal", "degraded")
+GPUSTEP_POPULATIONS: tuple[str, ...] = ("normal", "degraded", "lasting")
+#: GPU×step populations with episodes (``lasting``: episodes whose state persists over steps)
+EPISODE_POPULATIONS: tuple[str, ...] = ("degraded", "lasting")
 #: Variance-component levels of the kernel model.
 LEVELS: tuple[str, ...] = ("node", "gpu", "step", "gpustep", "cabinet")
 PARAMETERISATIONS: tuple[str, ...] = ("auto", "centred", "noncentred")
@@ -46,6 +48,9 @@ DEFAULT_PRIORS: dict[str, float] = {
     "degraded_shift": 0.1,  # half-normal scale of their log shift (0.1: ~10 % slow)
     "degraded_spread": 0.05,  # half-normal scale of their extra log sd (degraded units differ)
     "episode_weight_beta": 49.0,  # Beta(1, b) prior on the share of GPU-steps in an episode
+    # Beta(1, b) prior on the lag-one correlation of a GPU's episode state over its steps
+    # (1.0: uniform, from independent steps to run-long episodes)
+    "episode_persistence_beta": 1.0,
     # mixture residual: ε ~ (1 − w)·N(0, σ) + w·N(δ, √(σ² + τ²)), per class (log scale)
     "resid_slow_weight_beta": 19.0,  # Beta(1, b) prior on w, the share of slow launches (5 %)
     "resid_slow_shift": 0.5,  # half-normal scale of δ ≥ 0, the slow launches' log shift
@@ -103,9 +108,11 @@ class ModelSpec:
         and a spread of their own on the log scale, however many core sds out they sit: per-GPU
         benchmark tables of a near-identical fleet). See ``bayesprism.model.effects``.
     gpustep_population
-        Family of the transient GPU×step effects: ``"normal"``, or ``"degraded"`` (episodes:
+        Family of the transient GPU×step effects: ``"normal"``, ``"degraded"`` (episodes:
         a share of GPU-steps slowed by a log shift and spread of their own, as throttling
-        does; the lognormal cell likelihood integrates both components out in closed form).
+        does; the lognormal cell likelihood integrates both components out in closed form) or
+        ``"lasting"`` (the same episodes, with a GPU's episode state a Markov chain over its
+        steps whose persistence is fitted: ``bayesprism.model.episodes``).
     levels
         Variance components to fit, a subset of :data:`LEVELS`.
     parameterisation
@@ -390,6 +397,8 @@ def _known_names() -> set[str]:
 BUILTIN_SPECS: dict[str, ModelSpec] = {
     # GPU×step episodes (throttling) are what the largest jobs meet most often
     "default": ModelSpec(gpustep_population="degraded"),
+    # ... and they last over steps (bayesprism.model.episodes)
+    "lasting": ModelSpec(name="lasting", gpustep_population="lasting"),
     "robust": ModelSpec(
         name="robust",
         likelihood="mixture",

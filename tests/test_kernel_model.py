@@ -115,20 +115,24 @@ def _ragged(table: pd.DataFrame, kind: str) -> pd.DataFrame:
     return table[keep].reset_index(drop=True)
 
 
-@pytest.mark.parametrize(("kind", "levels"), [
-    ("complete", ("node", "gpu", "step")),
-    ("missing blocks", ("node", "gpu", "step")),
-    ("dropped launches", ("node", "gpu", "step")),
-    ("missing blocks", ("node", "gpu", "step", "gpustep")),
+@pytest.mark.parametrize(("kind", "levels", "episodes"), [
+    ("complete", ("node", "gpu", "step"), "normal"),
+    ("missing blocks", ("node", "gpu", "step"), "normal"),
+    ("dropped launches", ("node", "gpu", "step"), "normal"),
+    ("missing blocks", ("node", "gpu", "step", "gpustep"), "normal"),
+    ("missing blocks", ("node", "gpu", "step", "gpustep"), "lasting"),
 ])
-def test_block_layouts_give_the_same_likelihood(small_table, kind, levels, monkeypatch):
+def test_block_layouts_give_the_same_likelihood(small_table, kind, levels, episodes,
+                                                monkeypatch):
     """Blocks as a padded (GPU × step) grid, one per GPU-step or one per (GPU-step, class) pair
     with launches, launch counts by pattern or dense: the same exact likelihood (and, without
-    GPU×step effects, that of the launches)."""
+    GPU×step effects, that of the launches). With lasting episodes, a GPU's grid row (its
+    missing steps without observations) and its own GPU-steps in order (gaps of two steps)
+    give the same chain."""
     import bayesprism.model.kernel as kernel_module
 
     table = _ragged(small_table, kind)
-    spec = ModelSpec(levels=levels)
+    spec = ModelSpec(levels=levels, gpustep_population=episodes)
     prepared = prepare_kernel([table], spec, keep_rows=True)
     grid_model = build_kernel(prepared, spec)
     padded = len(grid_model.coords["block"]) > len(prepared.coords["gpustep"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import xarray as xr
 from posterior_builders import truth_posterior
 from scipy import stats
 
@@ -95,6 +96,16 @@ def test_diagnose_notes_slow_gpu_steps_that_persist():
     report = diagnose(slowed)
     assert any(n.startswith("GPU slowdowns last over consecutive steps") for n in report.notes)
     assert report.to_dict()["persistence"]["consecutive_pairs"] == 6
+    assert "draws GPU×step episodes independently" in found.message()
+    # a fit that learned how long episodes last says so instead
+    posterior = slowed["posterior"].to_dataset()
+    posterior["gpustep_episode_persistence"] = xr.full_like(
+        posterior["gpu_scale"].isel(kernel_class=0), 0.8)
+    slowed["posterior"] = posterior
+    found, _ = episode_persistence(slowed)
+    assert found.fitted_persistence == pytest.approx(0.8)
+    assert "fits episodes that last (persistence 0.80: about 5.0 steps)" in found.message()
+    assert "independently" not in found.message()
 
 
 def test_a_fit_without_gpu_step_cells_says_the_check_was_skipped():

@@ -1,12 +1,13 @@
 """Do a fit's GPU slowdowns last over consecutive steps?
 
-The kernel model's GPU×step level draws each GPU-step on its own (under a ``degraded``
-population, a share of GPU-steps in an episode), and a GPU slow for the whole traced run is
-taken for that GPU's own speed. Real slowdowns (thermal or power throttling, a noisy
-neighbour) start, last a while and end, so a traced GPU can be slow from one step to the end of
-the trace. When that shows, forecasts put such slowdowns in the wrong place: a composed run's
-steps are less correlated than the episodes make them, and a run-long episode of a traced GPU
-widens the GPU population, hence the spread between clusters of new nodes.
+Real slowdowns (thermal or power throttling, a noisy neighbour) start, last a while and end,
+so a traced GPU can be slow from one step to the end of the trace. Under a ``lasting``
+GPU×step population the kernel model fits how long episodes last
+(``gpustep_episode_persistence``, ``bayesprism.model.episodes``); under ``degraded`` it draws
+each GPU-step on its own. Either way a GPU slow for the whole traced run may be taken for that
+GPU's own speed, which widens the GPU population, hence the spread between clusters of new
+nodes; and forecasts draw each step's episodes at their share, so a composed run's steps are
+less correlated than lasting episodes make them.
 
 :func:`episode_persistence` reads the fit's cell statistics, removes each GPU's and each
 step's median, flags GPU-steps slower than the rest by many robust spreads, and counts the
@@ -61,6 +62,8 @@ class PersistentSlowdowns:
     expected_pairs: float
     p_value: float
     runs: pd.DataFrame
+    #: posterior median of the fitted lag-one correlation of episodes, or None (not fitted)
+    fitted_persistence: float | None = None
 
     @property
     def persistent(self) -> bool:
@@ -73,7 +76,8 @@ class PersistentSlowdowns:
                 "slow_gpu_steps": self.slow_gpu_steps,
                 "consecutive_pairs": self.consecutive_pairs,
                 "expected_pairs": self.expected_pairs, "p_value": self.p_value,
-                "persistent": self.persistent, "runs": self.runs.to_dict("records")}
+                "persistent": self.persistent, "runs": self.runs.to_dict("records"),
+                "fitted_persistence": self.fitted_persistence}
 
     def message(self) -> str:
         """One line: what was found and what it means for forecasts."""
@@ -87,12 +91,24 @@ class PersistentSlowdowns:
             f"{longest['first_step']} to {longest['last_step']}, "
             f"+{100 * longest['slowdown']:.1f} %); {self.consecutive_pairs} slow pairs of "
             f"consecutive steps where independent GPU-steps would give "
-            f"{self.expected_pairs:.2g} (p = {self.p_value:.1g}). The model draws GPU×step "
-            "episodes independently per step and takes a GPU slow over the whole trace for its "
-            "own speed: forecast steps of one run are less correlated, and clusters of new "
-            "nodes more spread, than such episodes make them. A longer trace, or per-GPU "
-            "benchmark sessions fitted with it, tells a run-long episode from a slow GPU"
+            f"{self.expected_pairs:.2g} (p = {self.p_value:.1g}). " + self._what_the_fit_does()
+            + " A longer trace, or per-GPU benchmark sessions fitted with it, tells a run-long "
+            "episode from a slow GPU"
         )
+
+    def _what_the_fit_does(self) -> str:
+        if self.fitted_persistence is None:
+            return ("The model draws GPU×step episodes independently per step and takes a GPU "
+                    "slow over the whole trace for its own speed: forecast steps of one run "
+                    "are less correlated, and clusters of new nodes more spread, than such "
+                    "episodes make them (gpustep_population = \"lasting\" in the model spec "
+                    "fits how long episodes last).")
+        lam = self.fitted_persistence
+        return (f"The model fits episodes that last (persistence {lam:.2f}: about "
+                f"{1.0 / (1.0 - lam):.1f} steps), but may still take a GPU slow over the whole "
+                "trace for its own speed, and forecasts draw each step's episodes at their "
+                "share: forecast steps of one run are less correlated than such episodes make "
+                "them.")
 
 
 def slow_stretches(
@@ -224,6 +240,8 @@ def episode_persistence(posterior: xr.DataTree) -> tuple[PersistentSlowdowns | N
         post.coords["step_unit"].to_numpy().astype(str), chosen)
     if found is None:
         return None, ["persistence of GPU slowdowns not checked: fewer than 2 steps per GPU"]
+    if "gpustep_episode_persistence" in post.data_vars:
+        found.fitted_persistence = float(post["gpustep_episode_persistence"].median())
     return found, []
 
 

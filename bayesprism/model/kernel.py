@@ -58,6 +58,7 @@ from bayesprism.model.effects import (
     soft_scale_floor,
     unit_level,
 )
+from bayesprism.model.episodes import episode_chain_loglik, episode_sequences, step_lags
 from bayesprism.model.prepared import PreparedData
 from bayesprism.model.rows import row_likelihood
 from bayesprism.model.start import (
@@ -77,7 +78,7 @@ from bayesprism.model.statistics import (
     factorize,
     table_statistics,
 )
-from bayesprism.spec import ModelSpec
+from bayesprism.spec import EPISODE_POPULATIONS, ModelSpec
 
 UNIT_LEVELS = ("cabinet", "node", "gpu", "step")
 #: Cell fill (cells / (GPU-steps × kernels)) above which the collapsed likelihood uses a dense
@@ -282,6 +283,10 @@ def _prepare_kernel_part(spec: ModelSpec, stats: ModelStatistics, selected: np.n
     # The likelihood adds per-GPU and per-step effect sums (small gathers) rather than
     # gathering every level to the GPU-steps.
     data["gpustep_gpu"], data["gpustep_step"] = keys.gs_gpu, keys.gs_step
+    if spec.population("gpustep") == "lasting":  # episodes follow each GPU's steps in order
+        data["step_lag"] = step_lags(keys.step_run, keys.step_local)
+        data["gpustep_sequence"], data["gpustep_lag"] = episode_sequences(
+            keys.gs_gpu, keys.gs_step, keys.step_run, keys.step_local)
     for level in levels.units:
         data[f"{level}_of_gpustep"] = levels.unit_of_gs[level]
         data[f"{level}_group"] = levels.group_of_unit[level]
@@ -587,7 +592,7 @@ def _fit_attrs(spec: ModelSpec, levels: _Levels, param: dict[str, str]) -> dict:
         # baselines to the step contrasts: diagonal mass matrix on PAL, 4 chains x 1000 draws:
         # R-hat 1.016, ESS 105; low-rank: R-hat 1.008, ESS 904
         attrs["mass_matrix"] = "low_rank"
-    if "gpustep" in fitted and spec.population("gpustep") == "degraded":
+    if "gpustep" in fitted and spec.population("gpustep") in EPISODE_POPULATIONS:
         # the kernel baselines share a common direction that no single coordinate follows
         # (dev traces, 2 chains x 1000 draws, seeds 0 and 2: the all-kernels mean at bulk ESS
         # 50-70, correlated 0.9 with most contrasts, under a diagonal mass matrix; low-rank:
@@ -928,7 +933,7 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     if "gpustep" in attrs["levels"]:
         gpustep_ref = pm.HalfNormal("gpustep_scale_ref", spec.prior("level_scale"),
                                     initval=gpustep_core_start(d) if centred_coords else None)
-        if spec.population("gpustep") == "degraded":
+        if spec.population("gpustep") in EPISODE_POPULATIONS:
             # episodes are defined in core sds: a core scale below what one GPU-step's
             # launches resolve lets the sampler wander off to a zero core (and the episodes'
             # shift to infinity); the floor of a degraded unit population
@@ -1008,9 +1013,11 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
         a_gs = pt.sum(resid_block * (gpustep / var)[None, :], axis=1)
         b_gs = pt.sum(block_n * (gpustep**2 / var)[None, :], axis=1)
         core = -0.5 * pt.log1p(b_gs) + a_gs**2 / (2.0 * (1.0 + b_gs))
-        if spec.population("gpustep") == "degraded":
-            core = _episode_marginal(core, a_gs, b_gs, gpustep_ref, spec, episode_start(d))
-        logp = logp + pt.sum(core)
+        if spec.population("gpustep") in EPISODE_POPULATIONS:
+            logp = logp + _episode_loglik(core, a_gs, b_gs, gpustep_ref, spec, d,
+                                          grid=(n_gpu, n_step) if grid else None)
+        else:
+            logp = logp + pt.sum(core)
     pm.Potential("kernel_loglik", logp)
 
 
@@ -1055,34 +1062,35 @@ def _sparse_loglik(d: dict, cls: np.ndarray, cell_n, cell_kernel, a_free, gpu_pa
         a_gs = segment_sum((r0 - pair_n * beta) * pt.dot(one_hot, gpustep / var), pair_gs, n_gs)
         b_gs = segment_sum(pair_n * pt.dot(one_hot, gpustep**2 / var), pair_gs, n_gs)
         core = -0.5 * pt.log1p(b_gs) + a_gs**2 / (2.0 * (1.0 + b_gs))
-        if spec.population("gpustep") == "degraded":
-            core = _episode_marginal(core, a_gs, b_gs, gpustep_ref, spec, episode_start(d))
-        logp = logp + pt.sum(core)
+        if spec.population("gpustep") in EPISODE_POPULATIONS:
+            logp = logp + _episode_loglik(core, a_gs, b_gs, gpustep_ref, spec, d)
+        else:
+            logp = logp + pt.sum(core)
     pm.Potential("kernel_loglik", logp)
 
 
-def _episode_marginal(core, a_gs, b_gs, scale_ref, spec: ModelSpec,
-                      start: tuple[float, float, float]):
-    """Log marginal of each GPU-step under the ``degraded`` GPU×step population.
+def _episode_loglik(core, a_gs, b_gs, scale_ref, spec: ModelSpec, d: dict,
+                    grid: tuple[int, int] | None = None):
+    """Log likelihood of the GPU-steps under a GPU×step population with episodes.
 
-    The standardised effect z of a GPU-step is N(0, 1) with probability 1 − w, else an
-    episode N(δ, τ²) truncated to z > 0 (``gpustep_slow_weight``, ``gpustep_slow_shift`` and
-    ``gpustep_slow_sd``, in core sds; the shift and extra spread have half-normal priors on the
-    reference class's log scale, as the ``degraded`` unit population's). An episode slows its
-    GPU-step: untruncated, a wide one could also make it faster than the core allows, and a
-    GPU slow in two of three benchmark sessions then fitted as "a slow GPU with one fast
-    episode" as well as "a normal GPU with two slow ones" (dev fleet benchmark: chains in
-    each, R-hat 1.8 on that GPU's effect). The cells of a GPU-step see exp(a z − b z² / 2)
-    (``a``, ``b``: the sums of the collapsed likelihood), so each component integrates in
-    closed form: E[exp(a z − b z²/2)] for z ~ N(δ, τ²) truncated to z > 0 is
-    exp(L²/(2P) − δ²/(2τ²)) / (τ √P) · Φ(L/√P) / Φ(δ/τ), P = 1/τ² + b, L = δ/τ² + a
-    (``core`` is the untruncated δ = 0, τ = 1 case). A GPU-step without launches (a = b = 0)
-    adds 0.
+    The standardised effect z of a GPU-step is N(0, 1) outside an episode, and N(δ, τ²)
+    truncated to z > 0 in one (``gpustep_slow_shift`` and ``gpustep_slow_sd``, in core sds;
+    the shift and extra spread have half-normal priors on the reference class's log scale, as
+    the ``degraded`` unit population's). A share ``gpustep_slow_weight`` of GPU-steps is in an
+    episode: independently per GPU-step (``degraded``), or (``lasting``) with the state a
+    Markov chain over each GPU's steps of lag-one correlation ``gpustep_episode_persistence``
+    (``bayesprism.model.episodes``). An episode slows its GPU-step: untruncated, a wide one
+    could also make it faster than the core allows, and a GPU slow in two of three benchmark
+    sessions then fitted as "a slow GPU with one fast episode" as well as "a normal GPU with
+    two slow ones" (dev fleet benchmark: chains in each, R-hat 1.8 on that GPU's effect).
+    ``core`` is each GPU-step's log marginal outside an episode; inside,
+    :func:`episode_slow_log`. ``grid``: (GPUs, steps) when ``core``, ``a_gs`` and ``b_gs`` are
+    laid out on the (GPU × step) grid, else they are per GPU-step.
     """
     import pymc as pm
     import pytensor.tensor as pt
 
-    weight_start, shift_start, spread_start = start
+    weight_start, shift_start, spread_start = episode_start(d)
     weight = pm.Beta("gpustep_slow_weight", 1.0, spec.prior("episode_weight_beta"),
                      initval=weight_start)
     shift_log = pm.HalfNormal("gpustep_episode_shift_log", spec.prior("degraded_shift"),
@@ -1091,24 +1099,54 @@ def _episode_marginal(core, a_gs, b_gs, scale_ref, spec: ModelSpec,
                                initval=spread_start)
     delta = pm.Deterministic("gpustep_slow_shift", shift_log / scale_ref)
     tau = pm.Deterministic("gpustep_slow_sd", pt.sqrt(1.0 + (spread_log / scale_ref) ** 2))
-    return episode_log_marginal(core, a_gs, b_gs, weight, delta, tau, pt)
+    if spec.population("gpustep") != "lasting":  # independent steps: a mixture each
+        return pt.sum(episode_log_marginal(core, a_gs, b_gs, weight, delta, tau, pt))
+    # started near independent steps, where the share, shift and spread starts are computed:
+    # from the prior mean (0.5) a dev-traces chain found a trap where half the GPUs sit in
+    # run-long episodes of no shift (persistence 0.996, log density 1,600 below the other)
+    persistence = pm.Beta("gpustep_episode_persistence", 1.0,
+                          spec.prior("episode_persistence_beta"), initval=0.1)
+    slow = episode_slow_log(a_gs, b_gs, delta, tau, pt)
+    if grid is not None:  # a GPU's row is its steps in order
+        return episode_chain_loglik(core.reshape(grid), slow.reshape(grid), weight,
+                                    persistence, d["step_lag"], pt)
+    pad = np.zeros(1)  # the sequences' padding: no observation
+    index = d["gpustep_sequence"]
+    return episode_chain_loglik(pt.concatenate([core, pad])[index],
+                                pt.concatenate([slow, pad])[index], weight, persistence,
+                                d["gpustep_lag"], pt)
+
+
+def episode_slow_log(a, b, delta, tau, xp=np):
+    """log E[exp(a z − b z²/2)] for z ~ N(δ, τ²) truncated to z > 0: a GPU-step's log
+    marginal in an episode (:func:`_episode_loglik`; ``a``, ``b``: the sums of the collapsed
+    likelihood), with the array module ``xp`` (NumPy or PyTensor's ``tensor``). In closed form
+    exp(L²/(2P) − δ²/(2τ²)) / (τ √P) · Φ(L/√P) / Φ(δ/τ), P = 1/τ² + b, L = δ/τ² + a. A
+    GPU-step without launches (a = b = 0) gives 0.
+
+    Examples
+    --------
+    >>> round(float(episode_slow_log(0.0, 0.0, 5.0, 2.0)), 12)
+    0.0
+    """
+    precision = 1.0 / tau**2 + b
+    linear = delta / tau**2 + a
+    return (-xp.log(tau) - 0.5 * xp.log(precision) + linear**2 / (2.0 * precision)
+            - delta**2 / (2.0 * tau**2)
+            + log_ndtr(linear / xp.sqrt(precision), xp) - log_ndtr(delta / tau, xp))
 
 
 def episode_log_marginal(core, a, b, weight, delta, tau, xp=np):
-    """log[(1 − w)·exp(core) + w·E_{z~N(δ, τ²)} exp(a z − b z²/2)] (:func:`_episode_marginal`),
-    with the array module ``xp`` (NumPy or PyTensor's ``tensor``).
+    """log[(1 − w)·exp(core) + w·exp(:func:`episode_slow_log`)]: a GPU-step's log marginal
+    when its episode state is drawn independently of its GPU's other steps (persistence 0).
 
     Examples
     --------
     >>> round(float(episode_log_marginal(0.0, 0.0, 0.0, 0.1, 5.0, 2.0)), 12)  # no launches
     0.0
     """
-    precision = 1.0 / tau**2 + b
-    linear = delta / tau**2 + a
-    slow = (-xp.log(tau) - 0.5 * xp.log(precision) + linear**2 / (2.0 * precision)
-            - delta**2 / (2.0 * tau**2)
-            + log_ndtr(linear / xp.sqrt(precision), xp) - log_ndtr(delta / tau, xp))
-    return xp.logaddexp(xp.log1p(-weight) + core, xp.log(weight) + slow)
+    return xp.logaddexp(xp.log1p(-weight) + core,
+                        xp.log(weight) + episode_slow_log(a, b, delta, tau, xp))
 
 
 def log_ndtr(x, xp=np):
