@@ -277,10 +277,10 @@ def kineto_case(path: Path, name: str, args, rows: list) -> None:
 def refsim_case(folder: Path, name: str, args, rows: list, refsim_rows: list) -> None:
     """A traced multi-node job with its step-time truth at several scales (``simulated/``).
 
-    Fit the traced run (with ``nccl_bench.csv`` when ``--refsim-extra`` says so), forecast each
-    target of ``truth.json`` on new nodes, and score the predictive distribution of one step
-    against the observations, plus P(step > 1.05 x the variability-free step) against the
-    truth's ``exceedance``.
+    Fit the traced run (with ``nccl_bench.csv`` when ``--refsim-extra`` says so; the spec
+    ``--refsim-spec``), forecast each target of ``truth.json`` on new nodes, and score the
+    predictive distribution of one step against the observations, plus P(step > 1.05 x the
+    variability-free step) against the truth's ``exceedance``.
     """
     import bayesprism as bp
     from bayesprism.checks.metrics import score
@@ -288,7 +288,7 @@ def refsim_case(folder: Path, name: str, args, rows: list, refsim_rows: list) ->
     truth = json.loads((folder / "truth.json").read_text())["targets"]
     paths = [folder / "traces"] + [folder / extra for extra in args.refsim_extra]
     table = bp.read_traces(paths, progress=False)
-    post, seconds = fit(table, "default", args)
+    post, seconds = fit(table, args.refsim_spec, args)
     # the traced job (its schedule and optimizer sharding, as the CLI's --dp does) at each
     # target's layout
     traced = json.loads(post["inventory"].attrs["traced_plan"])
@@ -392,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refsim-extra", nargs="*", default=[],
                         help="inputs beside the traces fitted jointly in the refsim case, "
                              "e.g. nccl_bench.csv")
+    parser.add_argument("--refsim-spec", default="default", metavar="NAME|FILE",
+                        help="model spec of the refsim case (default: default), e.g. lasting")
     parser.add_argument("--variants", nargs="*", default=None,
                         help="residual likelihoods also fitted on the PAL and DLRM cases "
                              "(those other than the case spec's own; no value: no variant; "

@@ -14,13 +14,14 @@ the same model on a subsample.
     python benchmarks/fit.py --dev      # the traced 3D job of ../shared/data/simulated
     python benchmarks/fit.py --dev --with-nccl   # ... fitted jointly with its nccl-tests sweep
     python benchmarks/fit.py --dev --with-nccl --with-fleet  # ... and the fleet GEMM benchmark
+    python benchmarks/fit.py --dev --spec lasting   # ... with another model spec
 
 ``--dev`` fits the traced TP 8 × PP 4 × DP 2 job (64 Kineto rank files, 835 k launches; with
 ``--with-nccl`` also its nccl-tests sweep, as benchmarks before this option did; with
 ``--with-fleet`` the per-GPU GEMM benchmark of 512 fleet nodes, 61 k rows) end to end
-with ``bayesprism.fit`` (default spec, draws and warm-up) and prints ingest and fit seconds and
-the convergence of every variable (the goal, for the traces: converged in <= 60 s on 2
-cores).
+with ``bayesprism.fit`` (its default draws and warm-up; the default spec unless ``--spec``)
+and prints ingest and fit seconds and the convergence of every variable (the goal, for the
+traces: converged in <= 60 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -88,9 +89,10 @@ DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "simulated" / "m
 
 
 def dev_case(draws: int | None, tune: int | None, seed: int, with_nccl: bool = False,
-             with_fleet: bool = False) -> int:
+             with_fleet: bool = False, spec: str | None = None) -> int:
     """Ingest and fit the traced 3D job (and its nccl-tests sweep, its fleet GEMM benchmark);
-    print seconds and convergence. ``None``: ``bayesprism.fit``'s default draws or warm-up."""
+    print seconds and convergence. ``None``: ``bayesprism.fit``'s default draws, warm-up or
+    spec."""
     import bayesprism as bp
     from bayesprism.inference import convergence_summary
 
@@ -101,10 +103,10 @@ def dev_case(draws: int | None, tune: int | None, seed: int, with_nccl: bool = F
     t1 = time.perf_counter()
     print(f"ingest {t1 - t0:.1f} s: {len(table):,} rows", flush=True)
     given = {k: v for k, v in (("draws", draws), ("tune", tune)) if v is not None}
-    post = bp.fit(table, **given, random_seed=seed, progress=False)
+    post = bp.fit(table, spec, **given, random_seed=seed, progress=False)
     t2 = time.perf_counter()
     conv = convergence_summary(post)
-    print(f"fit {t2 - t1:.1f} s (sampler {post.attrs.get('sampler')}, "
+    print(f"fit {t2 - t1:.1f} s (spec {spec or 'default'}, sampler {post.attrs.get('sampler')}, "
           f"{post.attrs.get('seconds', float('nan')):.1f} s in fit()), draws "
           f"{post.attrs['draws']}, tune {post.attrs['tune']}")
     print("convergence: " + ", ".join(f"{k} {v}" for k, v in conv.items()
@@ -134,9 +136,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --dev: fit its nccl-tests sweep jointly")
     parser.add_argument("--with-fleet", action="store_true",
                         help="with --dev: fit its fleet GEMM benchmark jointly")
+    parser.add_argument("--spec", default=None, metavar="NAME|FILE",
+                        help="with --dev: the model spec (default: bayesprism.fit's)")
     args = parser.parse_args(argv)
+    if args.spec is not None and not args.dev:
+        parser.error("--spec is for --dev (the synthetic case fits the default spec)")
     if args.dev:
-        return dev_case(args.draws, args.tune, args.seed, args.with_nccl, args.with_fleet)
+        return dev_case(args.draws, args.tune, args.seed, args.with_nccl, args.with_fleet,
+                        args.spec)
     args.draws = 1000 if args.draws is None else args.draws
     args.tune = 300 if args.tune is None else args.tune
     shape = (8, 8, 10, 10, 20) if args.quick else (64, 8, 20, 20, 50)

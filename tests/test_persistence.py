@@ -97,6 +97,7 @@ def test_diagnose_notes_slow_gpu_steps_that_persist():
     assert any(n.startswith("GPU slowdowns last over consecutive steps") for n in report.notes)
     assert report.to_dict()["persistence"]["consecutive_pairs"] == 6
     assert "draws GPU×step episodes independently" in found.message()
+    assert "--spec lasting" in found.message()  # the model that fits how long they last
     # a fit that learned how long episodes last says so instead
     posterior = slowed["posterior"].to_dataset()
     posterior["gpustep_episode_persistence"] = xr.full_like(

@@ -101,8 +101,8 @@ class PersistentSlowdowns:
             return ("The model draws GPU×step episodes independently per step and takes a GPU "
                     "slow over the whole trace for its own speed: forecast steps of one run "
                     "are less correlated, and clusters of new nodes more spread, than such "
-                    "episodes make them (gpustep_population = \"lasting\" in the model spec "
-                    "fits how long episodes last).")
+                    "episodes make them (the model spec \"lasting\", e.g. bayesprism fit "
+                    "--spec lasting, fits how long episodes last).")
         lam = self.fitted_persistence
         return (f"The model fits episodes that last (persistence {lam:.2f}: about "
                 f"{1.0 / (1.0 - lam):.1f} steps), but may still take a GPU slow over the whole "
