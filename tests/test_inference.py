@@ -177,3 +177,44 @@ def test_chains_in_different_modes_are_told_apart_from_slow_mixing():
         if gap > 100:
             assert "what to do: refit with --chains 4" in summarize_warnings(caught)[0]
     assert np.isnan(convergence_summary(_two_chains(1.0))["chain_logp_gap"])
+
+
+@pytest.mark.filterwarnings("ignore::bayesprism.errors.ConvergenceWarning")
+def test_a_chain_in_a_minor_mode_is_sampled_again_from_the_best_chain(monkeypatch):
+    """The first sampling's chain 1 is made to sit 10^6 log units below chain 0 (a mode of no
+    mass): fit samples again, every chain started at chain 0's last draw of every free
+    variable, records it and says so; a gap of 2 sds is left to the convergence check."""
+    import bayesprism.inference as inference
+
+    table, spec = tiny_kernel_table(), tiny_spec()
+    real_sample = inference._sample
+    calls = []
+
+    def sample(model, sampler, **options):
+        tree = real_sample(model, sampler, **options)
+        calls.append((options.get("start"), tree))
+        if len(calls) == 1:  # the first sampling: chain 1 in a minor mode
+            stats = tree["sample_stats"].to_dataset()
+            stats["logp"] = stats["logp"] - 1e6 * stats["chain"]
+            tree["sample_stats"] = stats
+        return tree
+
+    monkeypatch.setattr(inference, "_sample", sample)
+    with pytest.warns(UserWarning, match="sampled again from chain 0's last draw"):
+        tree = fit(table, spec, draws=50, tune=50, sampler="nutpie", random_seed=3,
+                   progress=False)
+    assert len(calls) == 2 and calls[0][0] is None
+    start, first = calls[1][0], calls[0][1]
+    assert "gpu_scale_ref" in start and set(start) <= set(first["posterior"].data_vars)
+    for name, value in start.items():
+        np.testing.assert_array_equal(value, first["posterior"][name].isel(chain=0, draw=-1))
+    restart = json.loads(tree["posterior"].attrs["minor_mode_restart"])
+    assert restart["best_chain"] == 0 and restart["gap"] > 1e5
+    # a gap that is not decisive (a few sds, under a log unit per coordinate): one sampling
+    calls.clear()
+    monkeypatch.setattr(inference, "DECISIVE_GAP_PER_COORDINATE", 1e9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tree = fit(table, spec, draws=50, tune=50, sampler="nutpie", random_seed=3,
+                   progress=False)
+    assert len(calls) == 1 and "minor_mode_restart" not in tree["posterior"].attrs

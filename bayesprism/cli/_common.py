@@ -301,6 +301,8 @@ WARNING_ADVICE: tuple[tuple[str, str], ...] = (
      "fit the other nodes' traces"),
     ("Only R-hat, and at most", "refit with --chains 4 (or another --random-seed); `bayesprism "
      "diagnose` names the coordinates"),
+    ("sampled again from chain", "none needed: the posterior is the second sampling's, every "
+     "chain in the higher mode; its convergence is checked as any fit's (docs/status.md)"),
     ("sit in different modes", "refit with --chains 4: chains that keep to different modes "
      "mean the model cannot tell the data's explanations apart (docs/status.md); read the "
      "forecast as a mixture of them"),
