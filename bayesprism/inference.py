@@ -49,7 +49,7 @@ MODE_GAP_SDS = 3.0
 #: mode of negligible mass: the gap dwarfs any difference in the modes' widths (each posterior
 #: sd would have to differ e-fold between them to make it up). ``fit`` then samples again with
 #: every chain started at the best chain's last draw (the traced job twice the dev job's size:
-#: a gap of 430 over 259 coordinates; restarted, R-hat 1.009 instead of 1.83). Smaller gaps
+#: a gap of 429 over 267 coordinates; sampled again, R-hat 1.006 instead of 1.83). Smaller gaps
 #: (a fleet benchmark GPU's minor mode, 19) are only reported.
 DECISIVE_GAP_PER_COORDINATE = 1.0
 SAMPLERS: tuple[str, ...] = ("auto", "nutpie", "pymc", "advi", "pathfinder")
