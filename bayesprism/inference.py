@@ -464,6 +464,10 @@ def fit(tables, spec=None, *, draws: int | None = None, tune: int | None = None,
     -----
     ConvergenceWarning
         Divergences, R-hat > 1.01 or bulk ESS < 100 × chains (NUTS samplers).
+    UserWarning
+        nutpie sampled twice: a chain sat in a mode of negligible mass
+        (:func:`minor_mode_restart`), so every chain was sampled again from the best chain's
+        last draw (``posterior.attrs["minor_mode_restart"]``).
 
     Examples
     --------

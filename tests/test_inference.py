@@ -200,9 +200,12 @@ def test_a_chain_in_a_minor_mode_is_sampled_again_from_the_best_chain(monkeypatc
         return tree
 
     monkeypatch.setattr(inference, "_sample", sample)
-    with pytest.warns(UserWarning, match="sampled again from chain 0's last draw"):
+    from bayesprism.cli._common import summarize_warnings
+
+    with pytest.warns(UserWarning, match="sampled again from chain 0's last draw") as caught:
         tree = fit(table, spec, draws=50, tune=50, sampler="nutpie", random_seed=3,
                    progress=False)
+    assert any("what to do: none needed" in line for line in summarize_warnings(caught))
     assert len(calls) == 2 and calls[0][0] is None
     start, first = calls[1][0], calls[0][1]
     assert "gpu_scale_ref" in start and set(start) <= set(first["posterior"].data_vars)
