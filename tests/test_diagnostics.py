@@ -64,6 +64,20 @@ def test_known_truth_fit_passes_every_check(good_report):
         assert numbers["ks_distance"] < 0.2, (cls, numbers)
 
 
+def test_a_second_sampling_from_the_best_chain_is_noted(good_fit, good_report):
+    """A fit that sampled again (``inference.minor_mode_restart``) says so in diagnose's notes,
+    with the first sampling's gap; a fit that did not, does not."""
+    assert not any("second sampling" in n for n in good_report.notes)
+    restarted = good_fit.copy(deep=True)
+    post = restarted["posterior"].to_dataset()
+    post.attrs["minor_mode_restart"] = json.dumps(
+        {"best_chain": 1, "gap": 429.2, "gap_sds": 35.0, "coordinates": 267})
+    restarted["posterior"] = post
+    notes = [n for n in diagnose(restarted).notes if "second sampling" in n]
+    assert len(notes) == 1 and "429 log units (35 within-chain sds) below chain 1's, over 267 " \
+        "coordinates" in notes[0]
+
+
 def test_to_dict_has_the_documented_keys_and_is_json(good_report):
     d = good_report.to_dict()
     for key in (

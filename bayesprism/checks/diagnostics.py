@@ -10,6 +10,7 @@ plotting code computes nothing.
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -219,6 +220,7 @@ def diagnose(
     notes += off_pattern_notes(posterior)
     if persistence is not None and persistence.persistent:
         notes.append(persistence.message())
+    notes += _restart_notes(post)
 
     return DiagnosisReport(
         ok=not problems,
@@ -242,6 +244,22 @@ def diagnose(
         thresholds=thresholds,
         persistence=persistence,
     )
+
+
+def _restart_notes(post) -> list[str]:
+    """What ``fit`` did when a chain sat in a mode of negligible mass.
+
+    From ``posterior.attrs["minor_mode_restart"]`` (``bayesprism.inference.minor_mode_restart``).
+    """
+    raw = post.attrs.get("minor_mode_restart")
+    if not raw:
+        return []
+    restart = json.loads(raw) if isinstance(raw, str) else dict(raw)
+    return [f"the draws are a second sampling: in the first, a chain sat in a mode "
+            f"{restart['gap']:.0f} log units ({restart['gap_sds']:.0f} within-chain sds) below "
+            f"chain {restart['best_chain']}'s, over {restart['coordinates']} coordinates, a "
+            "negligible share of the posterior, so every chain was started again at that "
+            "chain's last draw"]
 
 
 # --------------------------------------------------------------------------------- convergence
