@@ -373,8 +373,10 @@ def minor_mode_restart(tree: xr.DataTree, model) -> dict | None:
     (0, 5.0)
     """
     gap, gap_sds = chain_logp_gap(tree)
+    if not gap_sds > MODE_GAP_SDS:  # one mode (or one chain): nothing else to look at
+        return None
     coordinates = model_coordinates(model)
-    if not (gap_sds > MODE_GAP_SDS and gap > DECISIVE_GAP_PER_COORDINATE * coordinates):
+    if not gap > DECISIVE_GAP_PER_COORDINATE * coordinates:
         return None
     stats = tree["sample_stats"].to_dataset()
     logp = stats["logp" if "logp" in stats else "lp"].mean("draw")

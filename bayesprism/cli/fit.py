@@ -18,6 +18,7 @@ from bayesprism.cli._common import (
     print_json,
 )
 from bayesprism.errors import ConvergenceWarning, InputError, Problem
+from bayesprism.spec import BUILTIN_SPECS
 
 
 def register(sub) -> None:
@@ -36,9 +37,9 @@ def register(sub) -> None:
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="posterior.nc",
                         help="where to save the posterior")
     parser.add_argument("--spec", "--model", dest="spec", default=None, metavar="NAME|FILE",
-                        help="named spec (models/NAME.toml) or a spec TOML file (default: "
-                        "'default', or 'step' when every row is a step-level row; --model: its "
-                        "earlier name)")
+                        help="named spec (" + ", ".join(sorted(BUILTIN_SPECS)) + "; "
+                        "models/NAME.toml) or a spec TOML file (default: 'default', or 'step' "
+                        "when every row is a step-level row; --model: its earlier name)")
     add_sampler_options(parser)
     parser.add_argument("--target-accept", type=float, default=None, metavar="P",
                         help="NUTS target acceptance rate in (0, 1); raise it (e.g. 0.95) "
