@@ -313,6 +313,17 @@ def convergence_summary(tree: xr.DataTree) -> dict:
     return result
 
 
+def _chain_logp(tree: xr.DataTree) -> np.ndarray | None:
+    """Log densities of the draws, (chain, draw), or None without two chains of them."""
+    if "sample_stats" not in tree.children:
+        return None
+    stats = tree["sample_stats"].to_dataset()
+    name = next((n for n in ("logp", "lp") if n in stats), None)
+    if name is None or stats.sizes.get("chain", 1) < 2 or stats.sizes.get("draw", 0) < 4:
+        return None
+    return stats[name].transpose("chain", "draw").to_numpy().astype(float)
+
+
 def chain_logp_gap(tree: xr.DataTree) -> tuple[float, float]:
     """The largest difference between two chains' mean log densities, and that in sds.
 
@@ -331,13 +342,9 @@ def chain_logp_gap(tree: xr.DataTree) -> tuple[float, float]:
     >>> [round(v) for v in chain_logp_gap(tree)]
     [400, 41]
     """
-    if "sample_stats" not in tree.children:
+    logp = _chain_logp(tree)
+    if logp is None:
         return float("nan"), float("nan")
-    stats = tree["sample_stats"].to_dataset()
-    name = next((n for n in ("logp", "lp") if n in stats), None)
-    if name is None or stats.sizes.get("chain", 1) < 2 or stats.sizes.get("draw", 0) < 4:
-        return float("nan"), float("nan")
-    logp = stats[name].transpose("chain", "draw").to_numpy().astype(float)
     means = logp.mean(axis=1)
     gap = float(means.max() - means.min())
     within = float(np.sqrt(logp.var(axis=1, ddof=1).mean()))
@@ -378,9 +385,7 @@ def minor_mode_restart(tree: xr.DataTree, model) -> dict | None:
     coordinates = model_coordinates(model)
     if not gap > DECISIVE_GAP_PER_COORDINATE * coordinates:
         return None
-    stats = tree["sample_stats"].to_dataset()
-    logp = stats["logp" if "logp" in stats else "lp"].mean("draw")
-    best = int(logp.argmax("chain"))
+    best = int(_chain_logp(tree).mean(axis=1).argmax())
     posterior = tree["posterior"]
     start = {rv.name: posterior[rv.name].isel(chain=best, draw=-1).to_numpy()
              for rv in model.free_RVs}

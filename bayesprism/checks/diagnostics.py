@@ -254,7 +254,7 @@ def _restart_notes(post) -> list[str]:
     raw = post.attrs.get("minor_mode_restart")
     if not raw:
         return []
-    restart = json.loads(raw) if isinstance(raw, str) else dict(raw)
+    restart = json.loads(raw)  # fit stores it as JSON (netCDF has no dicts)
     return [f"the draws are a second sampling: in the first, a chain sat in a mode "
             f"{restart['gap']:.0f} log units ({restart['gap_sds']:.0f} within-chain sds) below "
             f"chain {restart['best_chain']}'s, over {restart['coordinates']} coordinates, a "
