@@ -219,6 +219,93 @@ def test_the_chance_of_a_degraded_link_grows_with_the_nodes():
     assert np.all(steps[:, 0] == steps[:, 1])  # a property of the cluster, not of a step
 
 
+def _staged_gradient_job(rate: float, draws: int):
+    """:data:`TWO_STAGES` traced at dp 2 on one-GPU nodes, with each stage's gradient
+    all-reduce (1 launch a step: 4 MB on stage 0, 10 MB on stage 1) and degraded links at
+    ``rate`` that move bytes 3x slower."""
+    ar = {"ar [dp]": {"class": "allreduce", "role": "dp", "launches": 1.0,
+                      "log_median": np.log(10.0), "bytes": 7e6, "group": 2.0}}
+    post = kernel_posterior({**TWO_STAGES, **ar}, traced_plan={"pp": 2, "dp": 2,
+                                                               "microbatches": 2},
+                            gpus_per_node=1, traced_ranks=4, draws=draws,
+                            degraded_link=(rate, np.log(3.0)))
+    # ranks tp fastest, then dp, then pp: ranks 0, 1 run stage 0
+    post = _staged(post, [0, 0, 1, 1], [[2, 2, 0, 0], [0, 0, 2, 2], [1, 1, 1, 1]])
+    inv = post["inventory"].to_dataset()
+    stage_bytes = np.full((3, 2), np.nan)
+    stage_bytes[2] = [4e6, 1e7]
+    inv["stage_bytes"] = (("kernel", "pp_stage"), stage_bytes)
+    group = post["posterior"].to_dataset()  # a flat fabric: bandwidth independent of nodes
+    post = post.copy()
+    post["inventory"] = inv
+    post["posterior"] = group.assign(coll_fabric_exponent=(
+        ("chain", "draw"), np.zeros((group.sizes["chain"], group.sizes["draw"]))))
+    return post
+
+
+def test_a_degraded_link_slows_the_stage_that_holds_the_node():
+    # dp 4 on one-GPU nodes: each stage's ring all-reduce spans its 4 nodes (4 MB on stage 0,
+    # 10 MB on stage 1, 10 µs latency, 25 GB/s) after its own last backward (GPipe, 2
+    # micro-batches: stage 1 ends at 1300 µs, stage 0 at 1500 µs). A degraded node slows the
+    # rings of its own stage only (3x slower bytes), so a degraded node on stage 0 costs
+    # less than one on stage 1: stage 0's collective ends later but moves less.
+    def ring(nbytes, slowdown=1.0):
+        return collectives.transfer_time_us("allreduce", 4, nbytes, 10.0, 25.0 / slowdown)
+
+    clean = [1500.0 + ring(4e6), 1300.0 + ring(1e7)]
+    slowed = [1500.0 + ring(4e6, 3.0), 1300.0 + ring(1e7, 3.0)]
+    outcomes = {"none": max(clean), "stage 0": max(slowed[0], clean[1]),
+                "stage 1": max(clean[0], slowed[1])}
+    assert outcomes["none"] < outcomes["stage 0"] < outcomes["stage 1"] == max(slowed)
+    plan = ParallelPlan(pp=2, dp=4, microbatches=2, schedule="gpipe", gpus_per_node=1)
+    assert _step_us(_staged_gradient_job(0.0, 10), plan) == pytest.approx(outcomes["none"])
+    assert _step_us(_staged_gradient_job(1.0, 10), plan) == pytest.approx(max(slowed))
+    # rate 0.1: each stage (4 nodes) holds one with p = 1 - 0.9^4, independently
+    draws = quiet_compose(_staged_gradient_job(0.1, 4000), plan, replicates=2,
+                          rng=np.random.default_rng(3))
+    assert draws.degraded_link_probability == pytest.approx(1.0 - 0.9**8)
+    steps = draws.step_time_s[:, 0] * 1e6
+    p = 1.0 - 0.9**4
+    shares = {name: float(np.isclose(steps, value).mean()) for name, value in outcomes.items()}
+    assert shares == pytest.approx({"none": (1 - p) ** 2, "stage 0": p * (1 - p),
+                                    "stage 1": p}, abs=0.025)
+
+
+def test_nodes_that_hold_ranks_of_two_stages_degrade_both():
+    from bayesprism.forecast.composition import degraded_stages, stage_node_blocks
+    from bayesprism.forecast.workload import PlanModel
+
+    # tp 4 on 8-GPU nodes, dp 1: each node holds two stages (0-1, 2-3); pp 4, dp 2: one
+    # node per replica and stage
+    plan = ParallelPlan(tp=4, pp=4, microbatches=8, gpus_per_node=8)
+    counts, stages = stage_node_blocks(plan, 8)
+    assert counts.tolist() == [1, 1] and stages.sum(axis=1).tolist() == [2, 2]
+    wide = ParallelPlan(dp=3, tp=8, pp=4, microbatches=8, gpus_per_node=8)
+    counts, stages = stage_node_blocks(wide, 8)
+    assert counts.tolist() == [3, 3, 3, 3] and np.array_equal(stages, np.eye(4, dtype=bool))
+    # ranks of a stage not a multiple of the node: tp 4, dp 3 -> 12 ranks a stage on 8-GPU
+    # nodes; the nodes holding ranks of stages 0 and 1 count for both
+    odd = ParallelPlan(dp=3, tp=4, pp=2, microbatches=8, gpus_per_node=8)
+    counts, stages = stage_node_blocks(odd, 8)
+    assert counts.tolist() == [1, 1, 1]
+    assert stages.astype(int).tolist() == [[1, 0], [1, 1], [0, 1]]
+
+    def model(rate: float) -> PlanModel:
+        d = 20_000
+        zeros = np.zeros(d)
+        return PlanModel(plan=plan, gpus_per_node=8, fwd_us=np.zeros((d, 4)),
+                         bwd_us=np.zeros((d, 4)), opt_us=zeros, loading={}, resid_mu=zeros,
+                         resid_sd=zeros, degraded_rate=np.full(d, rate))
+
+    hit = degraded_stages(model(0.2), np.random.default_rng(0))
+    assert np.array_equal(hit[:, 0], hit[:, 1]) and np.array_equal(hit[:, 2], hit[:, 3])
+    assert hit[:, [0, 2]].mean(axis=0) == pytest.approx([0.2, 0.2], abs=0.01)
+    assert np.corrcoef(hit[:, 0], hit[:, 2])[0, 1] == pytest.approx(0.0, abs=0.03)
+    # common random numbers: a higher rate degrades a superset of the stages
+    more = degraded_stages(model(0.4), np.random.default_rng(0))
+    assert np.all(more >= hit) and more.mean() > hit.mean()
+
+
 def test_unfitted_degraded_links_keep_their_priors():
     # a fit without several units of inter-node transfers: r ~ Beta(1, b), δ ~ half-normal
     from bayesprism.forecast.workload import posterior_arrays

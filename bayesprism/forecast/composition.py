@@ -23,9 +23,16 @@ micro-batch to the next within a step are therefore neglected (CV ~ s/sqrt(n), b
 hundreds of launches). Collective transfers get one lognormal noise factor per step per term,
 moment-matched the same way, times ``exp(coll_congestion * eta)`` with ``eta`` shared by all
 traffic of the tier in the step.
-A cluster (a draw) has a node with a degraded inter-node link with probability
-``1 - (1 - coll_degraded_rate)^nodes``; then every inter-node transfer of every step moves its
-bytes ``exp(coll_degraded_log_slowdown)`` times slower (one slow group holds up the step).
+A degraded inter-node link is a property of a node in the cluster (the draw), each node's with
+probability ``coll_degraded_rate``, and it slows what crosses that node's links:
+:func:`degraded_stages` draws which pipeline stages hold such a node (the stages a node's
+ranks belong to, in rank order; ``1 - (1 - rate)^n`` for a stage on ``n`` nodes of its own).
+In every step of such a cluster, the inter-node transfers of those stages (their data-parallel
+gradient collectives, every data-parallel ring of the stage passing through the node, and
+their pipeline transfers) move their bytes ``exp(coll_degraded_log_slowdown)`` times slower,
+and so do the collectives over all ranks. A stage whose data-parallel collectives start early
+(the last stage of a 1F1B pipeline finishes its backward first) can hide part of the extra
+time behind the other stages' backward, as the per-stage finish times below say.
 
 A synchronisation ends when its last member arrives, plus the transfer: the tensor-parallel
 group of a stage runs each micro-batch at the pace of its slowest member (max of sums over the
@@ -198,7 +205,7 @@ class _Streams:
     order: np.random.Generator  # fast path: order-statistic uniforms of the slowest nodes
     layout: np.random.Generator  # fast path: replicas and stages of the slowest nodes
     idle: np.random.Generator  # host idle before synchronisations (order statistics)
-    fabric: np.random.Generator  # whether the cluster has a node with a degraded link
+    fabric: np.random.Generator  # which stages hold a node with a degraded link
 
     @classmethod
     def from_generator(cls, rng: np.random.Generator) -> _Streams:
@@ -215,12 +222,71 @@ def rank_law(model: PlanModel) -> RankLaw:
                    model.resid_mu, model.resid_sd, model.gpus_per_node, model.gpustep_slow)
 
 
+def stage_node_blocks(plan: ParallelPlan, gpus_per_node: int
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes grouped by the pipeline stages their ranks belong to (Megatron rank order: a
+    stage's ranks are consecutive): the count of nodes of each group and its stage mask.
+
+    Returns
+    -------
+    counts : numpy.ndarray
+        (B,) nodes in each group.
+    stages : numpy.ndarray
+        (B, pp) bool: the stages the group's nodes hold ranks of.
+
+    Examples
+    --------
+    >>> from bayesprism.plan import ParallelPlan
+    >>> counts, stages = stage_node_blocks(ParallelPlan(dp=2, tp=8, pp=4, microbatches=8), 8)
+    >>> counts.tolist(), stages.sum(axis=1).tolist()
+    ([2, 2, 2, 2], [1, 1, 1, 1])
+    >>> counts, stages = stage_node_blocks(ParallelPlan(dp=1, tp=4, pp=4, microbatches=8), 8)
+    >>> counts.tolist(), stages.astype(int).tolist()
+    ([1, 1], [[1, 1, 0, 0], [0, 0, 1, 1]])
+    """
+    per_stage = plan.gpus // plan.pp
+    nodes = np.arange(math.ceil(plan.gpus / gpus_per_node))
+    first = nodes * gpus_per_node // per_stage
+    last = (np.minimum((nodes + 1) * gpus_per_node, plan.gpus) - 1) // per_stage
+    # both are non-decreasing in the node: each group is a run of consecutive nodes
+    starts = np.flatnonzero(np.r_[True, (np.diff(first) != 0) | (np.diff(last) != 0)])
+    counts = np.diff(np.r_[starts, nodes.size])
+    stage = np.arange(plan.pp)
+    mask = (first[starts, None] <= stage) & (stage <= last[starts, None])
+    return counts, mask
+
+
+def degraded_stages(model: PlanModel, rng: np.random.Generator) -> np.ndarray:
+    """(D, pp) bool: whether each pipeline stage of the cluster of each draw holds a node
+    with a degraded inter-node link (none when the plan model has no degraded links).
+
+    One uniform per draw and group of :func:`stage_node_blocks`, compared with
+    ``1 - (1 - rate)^n`` for the group's ``n`` nodes: the numbers drawn depend on the plan
+    only, and a higher rate never un-degrades a stage (common random numbers).
+    """
+    d, pp = model.draws, model.plan.pp
+    if model.degraded_rate is None:
+        return np.zeros((d, pp), dtype=bool)
+    counts, mask = stage_node_blocks(model.plan, model.gpus_per_node)
+    held = 1.0 - (1.0 - model.degraded_rate[:, None]) ** counts  # (D, B)
+    hit = rng.random((d, len(counts))) < held
+    return (hit[:, :, None] & mask).any(axis=1)
+
+
+def degraded_link_probability(model: PlanModel) -> np.ndarray | None:
+    """(D,) P(the plan's cluster has a node with a degraded link), None without them."""
+    if model.degraded_rate is None:
+        return None
+    nodes = math.ceil(model.plan.gpus / model.gpus_per_node)
+    return 1.0 - (1.0 - model.degraded_rate) ** nodes
+
+
 def _draw_shared(model: PlanModel, replicates: int, rng: np.random.Generator,
                  fabric: np.random.Generator) -> _Shared:
     d, r = model.draws, replicates
-    # a degraded link is a property of the cluster (the draw): every step of it pays
-    degraded = (fabric.random(d) < model.degraded_prob if model.degraded_prob is not None
-                else np.zeros(d, dtype=bool))
+    # a degraded link is a property of the cluster (the draw): every step of it pays, in the
+    # stages that hold the node (collectives over every rank: in any of them)
+    degraded = degraded_stages(model, fabric)
     w = rng.standard_normal((d, r))
     keys = sorted({c.congestion_key for c in model.comms})
     eta = {key: rng.standard_normal((d, r)) for key in keys}
@@ -235,7 +301,8 @@ def _draw_shared(model: PlanModel, replicates: int, rng: np.random.Generator,
         )
         det = term.det_us
         if term.degraded_extra_us is not None:
-            det = det + np.where(degraded, term.degraded_extra_us, 0.0)
+            slowed = degraded.any(axis=1) if term.stage is None else degraded[:, term.stage]
+            det = det + np.where(slowed, term.degraded_extra_us, 0.0)
         if term.stage is None:
             totals[term.where] += det[:, None] * factor
         else:
@@ -764,7 +831,7 @@ def compose(
     _warn_if_capped(model, posterior, capped, max_slowdown)
     idle = _idle_draws(model, replicates, streams.idle, log_cap)
     draws = _assemble(model, shared, schedule, finish, mean_mult, max_mult, idle, ideal_s)
-    if model.degraded_prob is not None:
-        draws = dataclasses.replace(
-            draws, degraded_link_probability=float(model.degraded_prob.mean()))
+    link = degraded_link_probability(model)
+    if link is not None:
+        draws = dataclasses.replace(draws, degraded_link_probability=float(link.mean()))
     return draws

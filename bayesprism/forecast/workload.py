@@ -635,8 +635,8 @@ class PlanModel:
     idle_group: np.ndarray | None = None
     # GPU×step episodes (weight, shift, sd in core sds), each (D,); None: normal transients
     gpustep_slow: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-    # (D,) probability that the plan's allocation has a node with a degraded link; None: 0
-    degraded_prob: np.ndarray | None = None
+    # (D,) probability that a node of the plan's allocation has a degraded link; None: never
+    degraded_rate: np.ndarray | None = None
 
     @property
     def draws(self) -> int:
@@ -689,8 +689,8 @@ def build_plan_model(
         idle_var=np.zeros((reading.draws, len(law.roles))) if typical else law.var,
         idle_group=np.array([sync_group(plan, role) for role in law.roles], dtype=np.int64),
         gpustep_slow=None if typical else arrays.gpustep_slow,
-        degraded_prob=(None if typical or arrays.degraded_link is None else
-                       1.0 - (1.0 - arrays.degraded_link[0]) ** math.ceil(plan.gpus / gpn)),
+        degraded_rate=(None if typical or arrays.degraded_link is None
+                       else arrays.degraded_link[0]),
     )
 
 
