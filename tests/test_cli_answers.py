@@ -79,6 +79,17 @@ def test_forecast_prints_step_and_training_time_in_readable_units(gemm_path, cap
     assert "e+0" not in out and "e-0" not in out
 
 
+def test_forecast_says_what_a_plan_takes_from_formulas(gemm_path, capsys):
+    # the GEMM fit's traced run is one GPU: tp 8 divides its work, the traced plan itself
+    # needs no formula
+    assert main(["forecast", str(gemm_path), "--tp", "8", "--draws", "5", "--quiet"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "by formula" in line]
+    assert lines == ["dp1-tp8-pp1-m1-1f1b: by formula, not as traced: compute per GPU scaled "
+                     "by tp x cp 1 -> 8 (work / 8)"]
+    assert main(["forecast", str(gemm_path), "--draws", "5", "--quiet"]) == 0
+    assert "by formula" not in capsys.readouterr().out
+
+
 def test_repeated_dp_flags_all_count(gemm_path, capsys):
     """``--dp 2 --dp 8,64`` forecasts three plans: argparse alone kept the last flag and
     dropped the others without a word."""

@@ -128,7 +128,7 @@ def test_summary_has_the_documented_keys():
     (plan,) = summary["plans"]
     assert set(plan) == {"name", "gpus", "dp", "tp", "pp", "cp", "ep", "microbatches",
                          "schedule", "step_time_s", "ideal_step_time_s", "baseline_step_time_s",
-                         "degraded_link_probability", "degraded_link",
+                         "degraded_link_probability", "degraded_link", "extrapolated",
                          "slowdown_probability", "breakdown_s", "training_time_s", "steps",
                          "finish_probability", "draws_s"}
     assert set(plan["step_time_s"]) == STEP_KEYS == set(plan["training_time_s"])

@@ -269,3 +269,17 @@ def test_report_renders_in_a_headless_browser(html, tmp_path):
     facts = json.loads(match.group(1).replace("&quot;", '"'))
     assert facts["images"] == 10 and facts["decoded"] == 10
     assert facts["tableBottom"] <= facts["viewport"]  # the answer table is on the first screen
+
+
+def test_the_answer_names_what_each_plan_takes_from_formulas():
+    from bayesprism.report.sections import section_answer
+
+    step = {"p50": 0.4, "p05": 0.39, "p95": 0.43}
+    plans = [{"name": "dp2", "gpus": 64, "step_time_s": step, "extrapolated": []},
+             {"name": "dp32", "gpus": 1024, "step_time_s": step,
+              "extrapolated": ["data-parallel allreduce over 32 ranks (traced 2)", "x < y"]}]
+    answer = section_answer({"plans": plans}, {})
+    assert ("<li>dp32: data-parallel allreduce over 32 ranks (traced 2); x &lt; y</li>"
+            in answer)
+    assert "dp2:" not in answer
+    assert "By formula" not in section_answer({"plans": plans[:1]}, {})

@@ -271,6 +271,29 @@ def test_a_degraded_link_slows_the_stage_that_holds_the_node():
                                     "stage 1": p}, abs=0.025)
 
 
+@pytest.mark.filterwarnings("ignore::bayesprism.plan.PlanWarning")
+def test_what_a_plan_takes_from_formulas_rather_than_the_traces_is_named():
+    post = _staged_gradient_job(0.0, 2)
+
+    def notes(**plan) -> tuple[str, ...]:
+        plan = {"pp": 2, "dp": 2, "microbatches": 2, "gpus_per_node": 1, **plan}
+        return quiet_compose(post, ParallelPlan(**plan), replicates=1,
+                             rng=np.random.default_rng(0)).extrapolated
+
+    assert notes() == ()  # the traced layout: every part of the step as traced
+    assert notes(dp=4) == ("data-parallel allreduce from the collective cost model over 4 "
+                           "ranks, inter-node (traced 2)",)
+    fewer_stages = notes(pp=1)
+    assert fewer_stages[0].startswith("layers per stage scaled by pp 2 -> 1: every stage the "
+                                      "traced stages' mean work")
+    assert fewer_stages[1:] == ("data-parallel allreduce from the collective cost model over "
+                                "2 ranks, inter-node (traced 2, gradient bytes x 2/1)",)
+    assert notes(microbatches=4) == ("micro-batches 2 -> 4: the traced work per micro-batch in "
+                                     "the schedule's recursion",)
+    assert notes(tp=2)[0] == "compute per GPU scaled by tp x cp 1 -> 2 (work / 2)"
+    assert notes(sharding="zero1")[0].startswith("sharding zero1 (traced none)")
+
+
 def test_nodes_that_hold_ranks_of_two_stages_degrade_both():
     from bayesprism.forecast.composition import degraded_stages, stage_node_blocks
     from bayesprism.forecast.workload import PlanModel

@@ -225,6 +225,10 @@ def format_table(summary: dict) -> str:
                       "from the prior: fit nccl-tests sweeps of several allocations to learn it")
             lines.append(f"{plan['name']}: P(a node with a degraded link) "
                          f"{plan['degraded_link_probability']:.2f}, included above ({source})")
+    for plan in plans:
+        if plan.get("extrapolated"):
+            lines.append(f"{plan['name']}: by formula, not as traced: "
+                         + "; ".join(plan["extrapolated"]))
     baseline = summary.get("baseline")
     if baseline and thresholds:
         lines.append(f"P(>x): P(step > x * baseline), baseline = {baseline_text(baseline)}")

@@ -834,4 +834,4 @@ def compose(
     link = degraded_link_probability(model)
     if link is not None:
         draws = dataclasses.replace(draws, degraded_link_probability=float(link.mean()))
-    return draws
+    return dataclasses.replace(draws, extrapolated=model.extrapolated)

@@ -24,6 +24,8 @@ class StepDraws:
     ideal_step_time_s: float
     # P(the cluster has a node with a degraded inter-node link), averaged over posterior draws
     degraded_link_probability: float = float("nan")
+    # what of the plan is scaled or costed by formula rather than replayed from the traces
+    extrapolated: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         shape = self.step_time_s.shape

@@ -30,12 +30,17 @@ Definitions (used by the report and the CLI):
 * ``degraded_link_probability`` is P(the plan's nodes include one with a degraded inter-node
   link), averaged over posterior draws (``bayesprism.composition``); the step-time draws include
   those clusters. Absent for step-level posteriors.
+* ``extrapolated`` lists what of the plan is scaled or costed by formula rather than replayed
+  from the traced run (``bayesprism.forecast.workload.extrapolation_notes``): a new tensor- or
+  pipeline-parallel degree, micro-batch count, schedule or sharding, and collectives over
+  groups the traces did not have. Empty at the traced layout, and for step-level posteriors.
 * ``breakdown_s`` holds the means of ``compute_s``, ``exposed_comm_s``, ``bubble_s`` and
   ``wait_s``, which add up to the step time draw by draw (see ``bayesprism.composition``).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import numpy as np
@@ -278,6 +283,8 @@ def forecast(
     data["ideal_step_time_s"] = ("plan", ideal)
     data["degraded_link_probability"] = ("plan", np.array(
         [r.degraded_link_probability for r in results]))
+    data["extrapolated"] = ("plan", np.array([json.dumps(list(r.extrapolated))
+                                              for r in results], dtype=str))
     base = np.array([ideal[i] if b is None else float(b) for i, b in enumerate(baselines)])
     data["baseline_step_time_s"] = ("plan", base)
     step = data["step_time_s"][1]
@@ -440,6 +447,8 @@ def summarize_forecast(forecast_dt: xr.DataTree, *, include_draws: bool = False)
         if np.isfinite(one.get("degraded_link_probability", np.nan)):
             entry["degraded_link_probability"] = float(one["degraded_link_probability"])
             entry["degraded_link"] = str(ds.attrs.get("degraded_link", "prior"))
+        if "extrapolated" in one:
+            entry["extrapolated"] = json.loads(str(one["extrapolated"].item()))
         entry["slowdown_probability"] = {
             threshold_key(float(x)): float(p)
             for x, p in zip(ds["threshold"].to_numpy(), one["slowdown_probability"].to_numpy(),

@@ -215,6 +215,7 @@ def _traced_plan(inventory: xr.Dataset) -> dict:
     out = {k: int(plan.get(k) or 1) for k in ("dp", "tp", "pp", "cp", "ep", "microbatches")}
     out["sharding"] = plan.get("sharding") or "none"
     out["gpus_per_node"] = int(plan.get("gpus_per_node") or 8)
+    out["schedule"] = plan.get("schedule")
     return out
 
 
@@ -637,6 +638,8 @@ class PlanModel:
     gpustep_slow: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     # (D,) probability that a node of the plan's allocation has a degraded link; None: never
     degraded_rate: np.ndarray | None = None
+    # what of the plan is not the traced run's own structure: scaled or costed by formula
+    extrapolated: tuple[str, ...] = ()
 
     @property
     def draws(self) -> int:
@@ -691,7 +694,59 @@ def build_plan_model(
         gpustep_slow=None if typical else arrays.gpustep_slow,
         degraded_rate=(None if typical or arrays.degraded_link is None
                        else arrays.degraded_link[0]),
+        extrapolated=() if typical else extrapolation_notes(arrays, plan, scaling, sums, specs),
     )
+
+
+_ROLE_NAMES = {"tp": "tensor-parallel", "cp": "context-parallel", "ep": "expert-parallel"}
+
+
+def extrapolation_notes(arrays: PosteriorArrays, plan: ParallelPlan, scaling: _Scaling,
+                        sums: _KernelSums, specs: list[CommSpec]) -> tuple[str, ...]:
+    """What of ``plan``'s step is scaled or costed by formula rather than replayed from the
+    traced run (none at the traced layout but the data-parallel group's measured size): one
+    short sentence per kind, for the forecast's output.
+
+    The module docstring has the formulas; these say which of them a plan uses.
+    """
+    traced = arrays.traced
+    notes = []
+    width0, width = traced["tp"] * traced["cp"], plan.tp * plan.cp
+    if width != width0:
+        notes.append(f"compute per GPU scaled by tp x cp {width0} -> {width} (work / {width})")
+    if plan.pp != traced["pp"]:
+        spread = (": every stage the traced stages' mean work (the first and last stages' "
+                  "extra work spread over all)" if arrays.stage_launches is not None else "")
+        notes.append(f"layers per stage scaled by pp {traced['pp']} -> {plan.pp}{spread}")
+    if plan.microbatches != traced["microbatches"]:
+        notes.append(f"micro-batches {traced['microbatches']} -> {plan.microbatches}: the "
+                     "traced work per micro-batch in the schedule's recursion")
+    if traced["schedule"] and plan.schedule != traced["schedule"]:
+        notes.append(f"schedule {plan.schedule} (traced {traced['schedule']}): its recursion "
+                     "with the traced work per micro-batch")
+    if plan.sharding != traced["sharding"]:
+        notes.append(f"sharding {plan.sharding} (traced {traced['sharding']}): optimizer work "
+                     "and data-parallel collectives by formula")
+    roles = set(arrays.roles)
+    tokens = (f", message bytes x {traced['cp']}/{plan.cp}" if plan.cp != traced["cp"] else "")
+    for role, name in _ROLE_NAMES.items():
+        degree = getattr(plan, role)
+        if role in roles and degree > 1 and role not in sums.replayed:
+            notes.append(f"{name} collectives from the collective cost model over {degree} "
+                         f"ranks (traced {traced[role]}{tokens})")
+    if plan.pp > 1 and "pp" in roles and not scaling.by_stage:
+        notes.append("pipeline transfers from the collective cost model, one per micro-batch, "
+                     "stage boundary and direction, as a delay on every edge")
+    group, group0 = plan.dp * plan.cp, traced["dp"] * traced["cp"]
+    shard, shard0 = plan.tp * plan.pp, traced["tp"] * traced["pp"]
+    dp_specs = [spec for spec in specs if spec.where == "dp" and spec.size == group]
+    if dp_specs and (group != group0 or shard != shard0):
+        kinds = " + ".join(dict.fromkeys(spec.kind for spec in dp_specs))
+        tier = "inter-node" if any(spec.tier == "inter" for spec in dp_specs) else "intra-node"
+        scaled = f", gradient bytes x {shard0}/{shard}" if shard != shard0 else ""
+        notes.append(f"data-parallel {kinds} from the collective cost model over {group} "
+                     f"ranks, {tier} (traced {group0}{scaled})")
+    return tuple(notes)
 
 
 def _gpus_per_node(plan: ParallelPlan, cluster: Cluster | None) -> int:

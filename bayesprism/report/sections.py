@@ -365,6 +365,11 @@ def section_answer(summary: dict, figures: dict[str, Path]) -> str:
         + ". Details follow below the data summary and the diagnostics.</p>",
         _table(header, rows),
     ]
+    formulas = [(p.get("name", ""), p["extrapolated"]) for p in plans if p.get("extrapolated")]
+    if formulas:
+        parts.append("<p>By formula, not as traced:</p><ul>" + "".join(
+            f"<li>{esc(name)}: {esc('; '.join(notes))}</li>" for name, notes in formulas)
+            + "</ul>")
     if "answer" in figures:
         parts.append(_img(figures["answer"], "step time and training time vs GPUs"))
     return "\n".join(parts)
