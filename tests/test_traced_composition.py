@@ -63,6 +63,70 @@ def test_each_stage_runs_its_own_traced_work():
     assert _step_us(flat, target) == pytest.approx(1350.0)
 
 
+def _three_stage_job():
+    """Traced pp 3 at dp 2 (one GPU a node, 2 micro-batches): every stage runs "g" (300 µs a
+    micro-batch: its layers), stage 0 also "emb" (30 µs), stage 2 also "head" (90 µs); each
+    stage's gradient all-reduce carries 3 MB (its layers), 1 MB more on stage 0 and 2 MB more
+    on stage 2, in one bucket."""
+    kernels = {"g": {"class": "gemm", "launches": 1.0, "log_median": np.log(300.0)},
+               "emb": {"class": "gemm", "launches": 1.0, "log_median": np.log(30.0)},
+               "head": {"class": "gemm", "launches": 1.0, "log_median": np.log(90.0)},
+               "ar [dp]": {"class": "allreduce", "role": "dp", "launches": 1.0,
+                           "log_median": np.log(10.0), "bytes": 4e6, "group": 2.0}}
+    post = kernel_posterior(kernels, traced_plan={"pp": 3, "dp": 2, "microbatches": 2},
+                            gpus_per_node=1, traced_ranks=6)
+    stage = [0, 0, 1, 1, 2, 2]
+    post = _staged(post, stage, [[2] * 6, [2, 2, 0, 0, 0, 0], [0, 0, 0, 0, 2, 2], [1] * 6])
+    inv = post["inventory"].to_dataset()
+    stage_bytes = np.full((4, 3), np.nan)
+    stage_bytes[3] = [4e6, 3e6, 5e6]
+    inv["stage_bytes"] = (("kernel", "pp_stage"), stage_bytes)
+    post = post.copy()
+    post["inventory"] = inv
+    return post
+
+
+@pytest.mark.filterwarnings("ignore::bayesprism.plan.PlanWarning")
+def test_another_pipeline_depth_keeps_the_first_and_last_stages_own_work():
+    from bayesprism.forecast.workload import build_plan_model
+
+    post = _three_stage_job()
+    per_mb = {}
+    for pp in (3, 6, 1):
+        plan = ParallelPlan(pp=pp, dp=2, microbatches=2, schedule="gpipe", gpus_per_node=1)
+        model = build_plan_model(post, plan)
+        per_mb[pp] = (model.fwd_us + model.bwd_us)[0]
+        dp = {t.stage: float(t.det_us[0]) for t in model.comms if t.where == "dp"}
+        # the stages' gradients: 3 MB of layers split over the stages, the ends' own on them,
+        # in the traced buckets, else buckets of the traced mean size (4 MB): one stage
+        # holding all 12 MB sends three
+        bytes_ = {3: [4e6, 3e6, 5e6], 6: [2.5e6, 1.5e6, 1.5e6, 1.5e6, 1.5e6, 3.5e6],
+                  1: [12e6]}[pp]
+        buckets = [1, 1, 1] if pp == 3 else [int(np.ceil(b / 4e6)) for b in bytes_]
+        cost = [n * collectives.transfer_time_us("allreduce", 2, b / n, 10.0, 25.0)
+                for b, n in zip(bytes_, buckets, strict=True)]
+        assert [dp[s] for s in range(pp)] == pytest.approx(cost)
+    # per micro-batch: the layers' 3 x 300 µs split over the stages, emb and head stay put
+    # (the traced stages' mean on every stage would give 340 µs, 170 µs and 1,020 µs)
+    assert per_mb[3] == pytest.approx([330.0, 300.0, 390.0])
+    assert per_mb[6] == pytest.approx([180.0, 150.0, 150.0, 150.0, 150.0, 240.0])
+    assert per_mb[1] == pytest.approx([1020.0])
+
+
+def test_pipeline_transfers_follow_a_stages_place_not_its_layers():
+    from bayesprism.forecast.workload import retarget_stages
+
+    # send/recv per step: 2m on the first and last stage, 4m on the others (m = 8), whatever
+    # the depth; the layers' work follows the depth
+    launches = np.array([[16.0, 32.0, 32.0, 16.0], [8.0, 8.0, 8.0, 8.0]])
+    transfers = np.array([True, False])
+    own = retarget_stages(launches, 8, transfers) * 4 / 8
+    assert own.tolist() == [[16.0] + [32.0] * 6 + [16.0], [4.0] * 8]
+    assert retarget_stages(launches, 2, transfers)[0].tolist() == [8.0, 8.0]  # (x 4/2: 16)
+    assert retarget_stages(launches, 1, transfers)[0].tolist() == [0.0]
+    assert retarget_stages(launches[:, :2], 4, transfers) is None  # no middle stage traced
+
+
 def test_each_stage_waits_for_its_own_collectives():
     # as above, with a tensor-parallel all-gather (50 µs fitted transfer) that only stage 1
     # runs, once a micro-batch: stage 1 forward 200 + 25, backward 400 + 25.

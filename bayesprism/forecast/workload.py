@@ -33,11 +33,15 @@ Notation: the traced plan (``inventory.attrs["traced_plan"]``) is ``dp0, tp0, pp
   per layer: ``launches_per_step * pp0 / (m0 * pp)`` per micro-batch, half in the forward, half in
   the backward, message bytes ``* cp0/cp`` (tokens per rank); they block the stage's compute. ``pp``
   send/recv: one per micro-batch per stage boundary and direction, bytes ``* cp0/cp``, a delay on
-  every edge between stages. When the target keeps the traced ``tp, pp, cp`` and the inventory says
-  which stage each rank ran, every stage instead keeps its own traced launches of these collectives
-  (the last stage runs more TP collectives), and its pipeline transfers occupy its own stream (part
-  of its forward and backward, no edge delay): in the 1F1B steady state the bottleneck stage pays
-  its transfers once per micro-batch, which an edge delay hides. ``dp``: the traced gradient bytes
+  every edge between stages. When the target keeps the traced ``tp, cp`` and the inventory says
+  which stage each rank ran, every stage instead keeps its own traced launches of its compute,
+  these collectives (the last stage runs more TP collectives) and its data-parallel gradients,
+  and its pipeline transfers occupy its own stream (part of its forward and backward, no edge
+  delay): in the 1F1B steady state the bottleneck stage pays its transfers once per micro-batch,
+  which an edge delay hides. Another ``pp`` (from at least three traced stages) gives each
+  stage ``1/pp`` of the layers' work (the middle traced stages' mean) and keeps the first and
+  last stages' own extra work (embedding; output layer and loss) on them
+  (:func:`retarget_stages`). ``dp``: the traced gradient bytes
   per rank (AllReduce + ReduceScatter launches) are the parameters of a ``tp0*pp0`` shard, so the
   target sends ``bytes * tp0*pp0 / (tp*pp)`` in as many buckets as traced, over a group of
   ``dp*cp``: ``none`` AllReduce; ``zero1``/``zero2`` ReduceScatter + AllGather of the updated
@@ -569,20 +573,70 @@ def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
     )
 
 
-def _stage_gradients(arrays: PosteriorArrays, rows: list[int]) -> list[tuple[float, float]] | None:
-    """(gradient bytes, buckets) per step of each traced stage from its data-parallel
-    collectives, or None when the inventory has no per-stage launches and bytes."""
+def _stage_gradients(arrays: PosteriorArrays, rows: list[int], pp: int
+                     ) -> list[tuple[float, float]] | None:
+    """(gradient bytes, buckets) per step of each of the target's ``pp`` stages from the
+    traced stages' data-parallel collectives (another ``pp``: :func:`retarget_stages`, with the
+    traced mean bucket size), or None when the inventory has no per-stage launches and bytes."""
     if arrays.stage_launches is None or arrays.stage_bytes is None:
         return None
-    out = []
+    traced = []
     for stage in range(arrays.stage_launches.shape[1]):
         launches = np.array([arrays.stage_launches[k, stage] for k in rows])
         nbytes = np.array([arrays.stage_bytes[k, stage] for k in rows])
         ok = np.isfinite(nbytes) & (launches > 0)
         if not ok.any():
             return None
-        out.append((float((launches[ok] * nbytes[ok]).sum()), max(1.0, float(launches[ok].sum()))))
-    return out
+        traced.append((float((launches[ok] * nbytes[ok]).sum()),
+                       max(1.0, float(launches[ok].sum()))))
+    pp0 = len(traced)
+    if pp == pp0:
+        return traced
+    grads = retarget_stages(np.array([[g for g, _ in traced]]), pp)
+    if grads is None:
+        return None
+    bucket = sum(g for g, _ in traced) / sum(b for _, b in traced)
+    return [(float(g), max(1.0, math.ceil(g / bucket - 1e-9))) for g in grads[0] * pp0 / pp]
+
+
+def retarget_stages(per_stage: np.ndarray, pp: int,
+                    per_boundary: np.ndarray | None = None) -> np.ndarray | None:
+    """Per-traced-stage quantities ``(kernel, pp0)`` on the ``pp`` stages of a target, in the
+    traced stages' units (a target stage's value times ``pp0 / pp`` is its own): the middle
+    stages' mean is work that follows the layers (``1/pp`` of them a stage), and what the first
+    and the last stage run beyond it (the embedding; the output layer and the loss) stays on
+    the first and last stage. Rows flagged ``per_boundary`` (pipeline send/recv: per stage
+    boundary, not per layer) keep the first, middle and last stages' own counts.
+
+    None when the stages cannot be told apart that way (fewer than three traced stages and
+    another ``pp``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> work = np.array([[4.0, 4.0, 4.0, 4.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 2.0]])
+    >>> own = retarget_stages(work, 8) * 4 / 8  # a target stage's own: half the layers
+    >>> own[:, [0, 1, 6, 7]].tolist()  # the first, two middle and the last of 8 stages
+    [[2.0, 2.0, 2.0, 2.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 2.0]]
+    >>> (retarget_stages(work, 1) * 4).tolist()  # one stage holds every layer and both ends
+    [[16.0], [1.0], [2.0]]
+    """
+    pp0 = per_stage.shape[1]
+    if pp == pp0:
+        return per_stage
+    if pp0 < 3:
+        return None
+    body = per_stage[:, 1:-1].mean(axis=1)
+    out = np.repeat(body[:, None], pp, axis=1)
+    out[:, 0] += (pp / pp0) * (per_stage[:, 0] - body)
+    out[:, -1] += (pp / pp0) * (per_stage[:, -1] - body)
+    if per_boundary is not None and per_boundary.any():
+        # a stage's transfers per micro-batch depend on its place, not on its layers
+        ends = np.full(pp, 1.0) if pp == 1 else np.r_[[0.0], np.full(pp - 2, 1.0), [2.0]]
+        place = np.where(ends == 0.0, per_stage[:, :1], np.where(
+            ends == 2.0, per_stage[:, -1:], body[:, None]))
+        out[per_boundary] = (0.0 if pp == 1 else (pp / pp0) * place[per_boundary])
+    return np.maximum(out, 0.0)
 
 
 def _stage_launches(inventory: xr.Dataset) -> np.ndarray | None:
@@ -669,11 +723,11 @@ def build_plan_model(
     arrays = posterior_arrays(posterior) if arrays is None else arrays
     gpn = _gpus_per_node(plan, cluster)
     reading = _Reading(arrays, typical)
-    scaling = _Scaling.of(arrays.traced, plan, arrays.stage_launches)
+    scaling = _Scaling.of(arrays.traced, plan, arrays)
     sums = _kernel_sums(reading, plan, scaling)
     _warn_left_out(plan, arrays.traced, sums, typical)
     loading, resid_mu, resid_sd = _effective_residual(sums)
-    specs = _cost_model_specs(arrays, plan, gpn, sums.replayed, scaling.by_stage,
+    specs = _cost_model_specs(arrays, plan, gpn, sums.replayed, scaling.stage_launches,
                               sums.fallback_names)
     comms = _comm_terms(reading, specs, sums, cluster)
     fwd_bwd_stage, opt = _stage_compute(sums, scaling.by_stage, plan.pp)
@@ -715,8 +769,14 @@ def extrapolation_notes(arrays: PosteriorArrays, plan: ParallelPlan, scaling: _S
     if width != width0:
         notes.append(f"compute per GPU scaled by tp x cp {width0} -> {width} (work / {width})")
     if plan.pp != traced["pp"]:
-        spread = (": every stage the traced stages' mean work (the first and last stages' "
-                  "extra work spread over all)" if arrays.stage_launches is not None else "")
+        if scaling.by_stage:
+            spread = (": the middle stages' work per layer, the first and last stages' own "
+                      "extra work (embedding, output layer, loss) kept on them")
+        elif arrays.stage_launches is not None:
+            spread = (": every stage the traced stages' mean work (the first and last stages' "
+                      "extra work spread over all)")
+        else:
+            spread = ""
         notes.append(f"layers per stage scaled by pp {traced['pp']} -> {plan.pp}{spread}")
     if plan.microbatches != traced["microbatches"]:
         notes.append(f"micro-batches {traced['microbatches']} -> {plan.microbatches}: the "
@@ -803,14 +863,23 @@ class _Scaling:
     microbatch_factor: float  # a kernel's forward/backward time per micro-batch, relative
     per_mb_launch_factor: float  # traced launches per step -> per target micro-batch
     duration_factor: float
-    # per traced stage when the target keeps the traced model-parallel layout: stages differ
-    # (the first runs the embedding, the last the output layer and the loss)
-    by_stage: bool
+    # (kernel, target stage) launches per step in the traced stages' units
+    # (:func:`retarget_stages`) when the target keeps the traced tp and cp: stages differ (the
+    # first runs the embedding, the last the output layer and the loss); None: every stage
+    # the mean traced rank's
+    stage_launches: np.ndarray | None
+
+    @property
+    def by_stage(self) -> bool:
+        return self.stage_launches is not None
 
     @classmethod
-    def of(cls, traced: dict, plan: ParallelPlan, stage_launches: np.ndarray | None) -> _Scaling:
+    def of(cls, traced: dict, plan: ParallelPlan, arrays: PosteriorArrays) -> _Scaling:
         tp0, pp0, cp0, m0 = traced["tp"], traced["pp"], traced["cp"], traced["microbatches"]
         tp, pp, cp = plan.tp, plan.pp, plan.cp
+        stage_launches = None
+        if arrays.stage_launches is not None and (tp, cp) == (tp0, cp0):
+            stage_launches = retarget_stages(arrays.stage_launches, pp, arrays.roles == "pp")
         return cls(
             traced=traced,
             plan=plan,
@@ -819,8 +888,7 @@ class _Scaling:
             microbatch_factor=tp0 * cp0 * pp0 / (m0 * tp * cp * pp),
             per_mb_launch_factor=pp0 / (m0 * pp),
             duration_factor=tp0 * cp0 / (tp * cp),
-            by_stage=(stage_launches is not None and stage_launches.shape[1] == pp
-                      and (tp, pp, cp) == (tp0, pp0, cp0)),
+            stage_launches=stage_launches,
         )
 
     def replays(self, role: str) -> bool:
@@ -890,7 +958,7 @@ def _add_replayed(sums: _KernelSums, reading: _Reading, scaling: _Scaling, k: in
     typical_us = np.exp(reading.per_draw(reading.arrays.log_median[name]))
     typical_us = typical_us * reading.resid_moments(cls)[0]
     count = scaling.plan.microbatches * scaling.per_mb_launch_factor
-    stage_launches = reading.arrays.stage_launches
+    stage_launches = scaling.stage_launches
     if scaling.by_stage:
         # each stage's own launches (the last stage runs more TP collectives; its pipeline
         # transfers occupy its stream once per micro-batch, and the bottleneck stage's
@@ -925,7 +993,7 @@ def _add_compute(sums: _KernelSums, reading: _Reading, scaling: _Scaling, k: int
     micro-batches, and its work in the weighted loadings and residual moments."""
     arrays, plan, traced = reading.arrays, scaling.plan, scaling.traced
     typical_us = np.exp(reading.per_draw(arrays.log_median[name]))
-    launches, stage_launches = arrays.launches, arrays.stage_launches
+    launches, stage_launches = arrays.launches, scaling.stage_launches
     tail = float(arrays.tail_share[k])
     tail_dur = (typical_us * traced["tp"] * traced["pp"] / (plan.tp * plan.pp)
                 * scaling.shard0 / scaling.shard)
@@ -1009,20 +1077,22 @@ def _stage_compute(sums: _KernelSums, by_stage: bool, pp: int) -> tuple[np.ndarr
 
 
 def _cost_model_specs(arrays: PosteriorArrays, plan: ParallelPlan, gpn: int, replayed: set[str],
-                      by_stage: bool, fallback_names: list[str]) -> list[CommSpec]:
+                      stage_launches: np.ndarray | None,
+                      fallback_names: list[str]) -> list[CommSpec]:
     """The collectives of ``plan`` that the collective cost model prices, before costing.
 
     Stage roles (tp, cp, ep) and pipeline transfers the plan does not replay from the traced
-    signatures (``replayed``), the data-parallel gradient buckets (per traced stage when
-    ``by_stage``) and the whole job's collectives (a gradient-norm all-reduce); synthesised
-    from the plan's ``activation_bytes`` / ``gradient_bytes`` where the trace has none, else
-    left out with a :class:`PlanWarning` (``fallback_names``: traced collectives that already
-    stand in for the data-parallel ones).
+    signatures (``replayed``), the data-parallel gradient buckets (per stage given the
+    target's ``stage_launches``, :class:`_Scaling`) and the whole job's collectives (a
+    gradient-norm all-reduce); synthesised from the plan's ``activation_bytes`` /
+    ``gradient_bytes`` where the trace has none, else left out with a :class:`PlanWarning`
+    (``fallback_names``: traced collectives that already stand in for the data-parallel
+    ones).
     """
     traced = arrays.traced
     kernels, classes, roles = arrays.kernels, arrays.classes, arrays.roles
     launches, group_sizes, nbytes = arrays.launches, arrays.group_sizes, arrays.nbytes
-    modelled, stage_launches = arrays.modelled, arrays.stage_launches
+    modelled, by_stage = arrays.modelled, stage_launches is not None
     tp0, pp0 = traced["tp"], traced["pp"]
     tp, pp, cp, m = plan.tp, plan.pp, plan.cp, plan.microbatches
     per_mb_launch_factor = pp0 / (traced["microbatches"] * pp)
@@ -1134,7 +1204,7 @@ def _cost_model_specs(arrays: PosteriorArrays, plan: ParallelPlan, gpn: int, rep
                 "zero2": ["reducescatter", "allgather"],
                 "fsdp": ["reducescatter", "allgather", "allgather"],
             }[plan.sharding]
-            per_stage = _stage_gradients(arrays, rows) if by_stage else None
+            per_stage = _stage_gradients(arrays, rows, pp) if by_stage else None
             if per_stage is None:
                 for kind in kinds:
                     comm_specs.append(CommSpec(kind, "dp", dp_group, grad_bytes / buckets,
