@@ -111,6 +111,13 @@ def test_another_pipeline_depth_keeps_the_first_and_last_stages_own_work():
     assert per_mb[3] == pytest.approx([330.0, 300.0, 390.0])
     assert per_mb[6] == pytest.approx([180.0, 150.0, 150.0, 150.0, 150.0, 240.0])
     assert per_mb[1] == pytest.approx([1020.0])
+    # tp 2 halves each stage's work, its own ends' included, and each GPU's gradients
+    model = build_plan_model(post, ParallelPlan(tp=2, pp=3, dp=2, microbatches=2,
+                                                schedule="gpipe", gpus_per_node=2))
+    assert (model.fwd_us + model.bwd_us)[0] == pytest.approx([165.0, 150.0, 195.0])
+    dp = [float(t.det_us[0]) for t in model.comms if t.where == "dp" and t.stage is not None]
+    assert dp == pytest.approx([collectives.transfer_time_us("allreduce", 2, b, 10.0, 25.0)
+                                for b in (2e6, 1.5e6, 2.5e6)])
 
 
 def test_pipeline_transfers_follow_a_stages_place_not_its_layers():
@@ -351,7 +358,8 @@ def test_what_a_plan_takes_from_formulas_rather_than_the_traces_is_named():
     assert fewer_stages[0].startswith("layers per stage scaled by pp 2 -> 1: every stage the "
                                       "traced stages' mean work")
     assert fewer_stages[1:] == ("data-parallel allreduce from the collective cost model over "
-                                "2 ranks, inter-node (traced 2, gradient bytes x 2/1)",)
+                                "2 ranks, inter-node (traced 2; the gradients of 1/1 of the "
+                                "model, traced 1/2)",)
     assert notes(microbatches=4) == ("micro-batches 2 -> 4: the traced work per micro-batch in "
                                      "the schedule's recursion",)
     assert notes(tp=2)[0] == "compute per GPU scaled by tp x cp 1 -> 2 (work / 2)"

@@ -33,15 +33,15 @@ Notation: the traced plan (``inventory.attrs["traced_plan"]``) is ``dp0, tp0, pp
   per layer: ``launches_per_step * pp0 / (m0 * pp)`` per micro-batch, half in the forward, half in
   the backward, message bytes ``* cp0/cp`` (tokens per rank); they block the stage's compute. ``pp``
   send/recv: one per micro-batch per stage boundary and direction, bytes ``* cp0/cp``, a delay on
-  every edge between stages. When the target keeps the traced ``tp, cp`` and the inventory says
-  which stage each rank ran, every stage instead keeps its own traced launches of its compute,
-  these collectives (the last stage runs more TP collectives) and its data-parallel gradients,
-  and its pipeline transfers occupy its own stream (part of its forward and backward, no edge
-  delay): in the 1F1B steady state the bottleneck stage pays its transfers once per micro-batch,
-  which an edge delay hides. Another ``pp`` (from at least three traced stages) gives each
-  stage ``1/pp`` of the layers' work (the middle traced stages' mean) and keeps the first and
-  last stages' own extra work (embedding; output layer and loss) on them
-  (:func:`retarget_stages`). ``dp``: the traced gradient bytes
+  every edge between stages. When the inventory says which stage each rank ran, every stage
+  instead keeps its own traced launches of its compute, these collectives (the last stage runs
+  more TP collectives) and its data-parallel gradients, and its pipeline transfers occupy its
+  own stream (part of its forward and backward, no edge delay): in the 1F1B steady state the
+  bottleneck stage pays its transfers once per micro-batch, which an edge delay hides (another
+  ``tp`` or ``cp`` scales each stage's work, message bytes and gradients as above). Another
+  ``pp`` (from at least three traced stages) gives each stage ``1/pp`` of the layers' work (the
+  middle traced stages' mean) and keeps the first and last stages' own extra work (embedding;
+  output layer and loss) on them (:func:`retarget_stages`). ``dp``: the traced gradient bytes
   per rank (AllReduce + ReduceScatter launches) are the parameters of a ``tp0*pp0`` shard, so the
   target sends ``bytes * tp0*pp0 / (tp*pp)`` in as many buckets as traced, over a group of
   ``dp*cp``: ``none`` AllReduce; ``zero1``/``zero2`` ReduceScatter + AllGather of the updated
@@ -573,11 +573,12 @@ def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
     )
 
 
-def _stage_gradients(arrays: PosteriorArrays, rows: list[int], pp: int
+def _stage_gradients(arrays: PosteriorArrays, rows: list[int], pp: int, shard: float
                      ) -> list[tuple[float, float]] | None:
     """(gradient bytes, buckets) per step of each of the target's ``pp`` stages from the
-    traced stages' data-parallel collectives (another ``pp``: :func:`retarget_stages`, with the
-    traced mean bucket size), or None when the inventory has no per-stage launches and bytes."""
+    traced stages' data-parallel collectives, times ``shard`` (``tp0 / tp``: a GPU's share of
+    its stage's parameters); another ``pp`` or ``tp``: :func:`retarget_stages`, in buckets of
+    the traced mean size. None when the inventory has no per-stage launches and bytes."""
     if arrays.stage_launches is None or arrays.stage_bytes is None:
         return None
     traced = []
@@ -590,13 +591,14 @@ def _stage_gradients(arrays: PosteriorArrays, rows: list[int], pp: int
         traced.append((float((launches[ok] * nbytes[ok]).sum()),
                        max(1.0, float(launches[ok].sum()))))
     pp0 = len(traced)
-    if pp == pp0:
+    if pp == pp0 and shard == 1.0:
         return traced
     grads = retarget_stages(np.array([[g for g, _ in traced]]), pp)
     if grads is None:
         return None
     bucket = sum(g for g, _ in traced) / sum(b for _, b in traced)
-    return [(float(g), max(1.0, math.ceil(g / bucket - 1e-9))) for g in grads[0] * pp0 / pp]
+    return [(float(g), max(1.0, math.ceil(g / bucket - 1e-9)))
+            for g in grads[0] * shard * pp0 / pp]
 
 
 def retarget_stages(per_stage: np.ndarray, pp: int,
@@ -800,12 +802,16 @@ def extrapolation_notes(arrays: PosteriorArrays, plan: ParallelPlan, scaling: _S
     group, group0 = plan.dp * plan.cp, traced["dp"] * traced["cp"]
     shard, shard0 = plan.tp * plan.pp, traced["tp"] * traced["pp"]
     dp_specs = [spec for spec in specs if spec.where == "dp" and spec.size == group]
-    if dp_specs and (group != group0 or shard != shard0):
+    inter = any(spec.tier == "inter" for spec in dp_specs)
+    inter0 = width0 * traced["dp"] > traced["gpus_per_node"]  # the traced groups' span
+    if dp_specs and (group != group0 or shard != shard0 or inter != inter0):
         kinds = " + ".join(dict.fromkeys(spec.kind for spec in dp_specs))
-        tier = "inter-node" if any(spec.tier == "inter" for spec in dp_specs) else "intra-node"
-        scaled = f", gradient bytes x {shard0}/{shard}" if shard != shard0 else ""
+        tiers = {True: "inter-node", False: "intra-node"}
+        traced_tier = "" if inter == inter0 else f" {tiers[inter0]}"
+        scaled = (f"; the gradients of 1/{shard} of the model, traced 1/{shard0}"
+                  if shard != shard0 else "")
         notes.append(f"data-parallel {kinds} from the collective cost model over {group} "
-                     f"ranks, {tier} (traced {group0}{scaled})")
+                     f"ranks, {tiers[inter]} (traced {group0}{traced_tier}{scaled})")
     return tuple(notes)
 
 
@@ -864,9 +870,9 @@ class _Scaling:
     per_mb_launch_factor: float  # traced launches per step -> per target micro-batch
     duration_factor: float
     # (kernel, target stage) launches per step in the traced stages' units
-    # (:func:`retarget_stages`) when the target keeps the traced tp and cp: stages differ (the
-    # first runs the embedding, the last the output layer and the loss); None: every stage
-    # the mean traced rank's
+    # (:func:`retarget_stages`): stages differ (the first runs the embedding, the last the
+    # output layer and the loss); None (no stage of each traced rank, or another pp from fewer
+    # than three traced stages): every stage the mean traced rank's
     stage_launches: np.ndarray | None
 
     @property
@@ -878,7 +884,7 @@ class _Scaling:
         tp0, pp0, cp0, m0 = traced["tp"], traced["pp"], traced["cp"], traced["microbatches"]
         tp, pp, cp = plan.tp, plan.pp, plan.cp
         stage_launches = None
-        if arrays.stage_launches is not None and (tp, cp) == (tp0, cp0):
+        if arrays.stage_launches is not None:
             stage_launches = retarget_stages(arrays.stage_launches, pp, arrays.roles == "pp")
         return cls(
             traced=traced,
@@ -1135,8 +1141,14 @@ def _cost_model_specs(arrays: PosteriorArrays, plan: ParallelPlan, gpn: int, rep
             for k in rows:
                 count = launches[k] * per_mb_launch_factor * m
                 size = nbytes[k] * traced["cp"] / cp if np.isfinite(nbytes[k]) else 0.0
-                comm_specs.append(CommSpec(classes[k], "stage", degree, size, count,
-                                           **placed(span, degree)))
+                if by_stage:  # each stage its own launches (the last stage runs more)
+                    comm_specs.extend(
+                        CommSpec(classes[k], "stage", degree, size,
+                                 stage_launches[k, s] * per_mb_launch_factor * m, stage=s,
+                                 **placed(span, degree)) for s in range(pp))
+                else:
+                    comm_specs.append(CommSpec(classes[k], "stage", degree, size, count,
+                                               **placed(span, degree)))
         elif role == "tp" and plan.activation_bytes and plan.layers:
             count = 4.0 * plan.layers / pp * m
             comm_specs.append(CommSpec("allreduce", "stage", tp, plan.activation_bytes / cp,
@@ -1159,7 +1171,7 @@ def _cost_model_specs(arrays: PosteriorArrays, plan: ParallelPlan, gpn: int, rep
             # stage's own traced transfers per step, part of its busy time (in the steady
             # state the bottleneck stage pays them once per micro-batch), no edge latency
             for k in rows:
-                size = float(np.nan_to_num(nbytes[k]))
+                size = float(np.nan_to_num(nbytes[k])) * traced["cp"] / cp
                 comm_specs.extend(CommSpec("sendrecv", "stage", 2, size,
                                            stage_launches[k, s] * m * per_mb_launch_factor,
                                            stage=s, **hop) for s in range(pp))
@@ -1204,7 +1216,7 @@ def _cost_model_specs(arrays: PosteriorArrays, plan: ParallelPlan, gpn: int, rep
                 "zero2": ["reducescatter", "allgather"],
                 "fsdp": ["reducescatter", "allgather", "allgather"],
             }[plan.sharding]
-            per_stage = _stage_gradients(arrays, rows, pp) if by_stage else None
+            per_stage = (_stage_gradients(arrays, rows, pp, tp0 / tp) if by_stage else None)
             if per_stage is None:
                 for kind in kinds:
                     comm_specs.append(CommSpec(kind, "dp", dp_group, grad_bytes / buckets,
