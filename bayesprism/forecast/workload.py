@@ -633,11 +633,11 @@ def retarget_stages(per_stage: np.ndarray, pp: int,
     out[:, 0] += (pp / pp0) * (per_stage[:, 0] - body)
     out[:, -1] += (pp / pp0) * (per_stage[:, -1] - body)
     if per_boundary is not None and per_boundary.any():
-        # a stage's transfers per micro-batch depend on its place, not on its layers
-        ends = np.full(pp, 1.0) if pp == 1 else np.r_[[0.0], np.full(pp - 2, 1.0), [2.0]]
-        place = np.where(ends == 0.0, per_stage[:, :1], np.where(
-            ends == 2.0, per_stage[:, -1:], body[:, None]))
-        out[per_boundary] = (0.0 if pp == 1 else (pp / pp0) * place[per_boundary])
+        # a stage's transfers per micro-batch depend on its place, not on its layers (a
+        # single stage sends none)
+        place = np.repeat(body[:, None], pp, axis=1)
+        place[:, 0], place[:, -1] = per_stage[:, 0], per_stage[:, -1]
+        out[per_boundary] = 0.0 if pp == 1 else (pp / pp0) * place[per_boundary]
     return np.maximum(out, 0.0)
 
 
@@ -754,7 +754,7 @@ def build_plan_model(
     )
 
 
-_ROLE_NAMES = {"tp": "tensor-parallel", "cp": "context-parallel", "ep": "expert-parallel"}
+_ROLE_NAMES = (("tp", "tensor-parallel"), ("cp", "context-parallel"), ("ep", "expert-parallel"))
 
 
 def extrapolation_notes(arrays: PosteriorArrays, plan: ParallelPlan, scaling: _Scaling,
@@ -791,7 +791,7 @@ def extrapolation_notes(arrays: PosteriorArrays, plan: ParallelPlan, scaling: _S
                      "and data-parallel collectives by formula")
     roles = set(arrays.roles)
     tokens = (f", message bytes x {traced['cp']}/{plan.cp}" if plan.cp != traced["cp"] else "")
-    for role, name in _ROLE_NAMES.items():
+    for role, name in _ROLE_NAMES:
         degree = getattr(plan, role)
         if role in roles and degree > 1 and role not in sums.replayed:
             notes.append(f"{name} collectives from the collective cost model over {degree} "
