@@ -25,3 +25,11 @@ def test_example_runs(script):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert done.stdout.strip(), "the example printed nothing"
+
+
+@pytest.mark.parametrize("path", sorted((EXAMPLES / "plans").glob("*.toml")), ids=lambda p: p.name)
+def test_example_plan_files_read(path):
+    from bayesprism.plan import ParallelPlan
+
+    plans = ParallelPlan.from_toml(path)
+    assert plans and all(plan.gpus >= 1 for plan in plans)
