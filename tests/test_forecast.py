@@ -305,3 +305,13 @@ def test_traced_plan_forecast_reproduces_the_traced_dlrm_steps(shared_data):
     assert float(fc["wait_s"].mean()) == pytest.approx(waited_s, rel=0.25)
     # a step is never shorter than a rank's span, and the interval is not degenerate
     assert lo >= spans.max() * 0.8 and hi - lo > 0.1 * median
+
+
+def test_a_forecast_whose_formula_notes_are_garbled_is_refused_in_one_line():
+    post = gemm_only(draws=5)
+    fc = forecast(post, ParallelPlan(name="p", dp=2), draws=5, replicates=2, progress=False)
+    assert summarize_forecast(fc)["plans"][0]["extrapolated"] == []
+    ds = fc.to_dataset()
+    ds["extrapolated"] = ("plan", np.array(["{not json"]))
+    with pytest.raises(InputError, match="extrapolated: plan 'p': not a JSON list of strings"):
+        summarize_forecast(ds)

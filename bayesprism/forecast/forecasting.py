@@ -328,6 +328,18 @@ def forecast(
     return xr.DataTree(xr.Dataset(data, coords=coords, attrs=attrs))
 
 
+def _extrapolated(text: str, plan: str) -> list[str]:
+    """A plan's ``extrapolated`` variable (a JSON list of sentences), checked."""
+    try:
+        notes = json.loads(text)
+    except json.JSONDecodeError:
+        notes = None
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise InputError(Problem("forecast", "extrapolated",
+                                 f"plan {plan!r}: not a JSON list of strings", example=text[:80]))
+    return notes
+
+
 def traced_step_time_s(posterior: xr.DataTree, *, source: str = "posterior") -> float:
     """The measured step time of the traced run (s): the baseline ``traced`` of the CLI.
 
@@ -448,7 +460,7 @@ def summarize_forecast(forecast_dt: xr.DataTree, *, include_draws: bool = False)
             entry["degraded_link_probability"] = float(one["degraded_link_probability"])
             entry["degraded_link"] = str(ds.attrs.get("degraded_link", "prior"))
         if "extrapolated" in one:
-            entry["extrapolated"] = json.loads(str(one["extrapolated"].item()))
+            entry["extrapolated"] = _extrapolated(str(one["extrapolated"].item()), str(name))
         entry["slowdown_probability"] = {
             threshold_key(float(x)): float(p)
             for x, p in zip(ds["threshold"].to_numpy(), one["slowdown_probability"].to_numpy(),
