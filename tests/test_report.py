@@ -271,7 +271,7 @@ def test_report_renders_in_a_headless_browser(html, tmp_path):
     assert facts["tableBottom"] <= facts["viewport"]  # the answer table is on the first screen
 
 
-def test_the_answer_names_what_each_plan_takes_from_formulas():
+def test_the_answer_names_what_each_plan_takes_from_formulas_and_degraded_links():
     from bayesprism.report.sections import section_answer
 
     step = {"p50": 0.4, "p05": 0.39, "p95": 0.43}
@@ -283,3 +283,9 @@ def test_the_answer_names_what_each_plan_takes_from_formulas():
             in answer)
     assert "dp2:" not in answer
     assert "By formula" not in section_answer({"plans": plans[:1]}, {})
+    # and the chance of a degraded link the forecast includes, with where it comes from
+    plans[0].update(degraded_link_probability=0.004, degraded_link="prior")
+    plans[1].update(degraded_link_probability=0.2, degraded_link="prior")
+    answer = section_answer({"plans": plans}, {})
+    assert "P(a node with a degraded link), included above (from the prior" in answer
+    assert f"dp32 {fmt_p(0.2)}." in answer and "dp2 " not in answer
