@@ -90,6 +90,22 @@ def test_forecast_says_what_a_plan_takes_from_formulas(gemm_path, capsys):
     assert "by formula" not in capsys.readouterr().out
 
 
+def test_forecast_names_the_chance_of_a_degraded_link_once_for_all_plans():
+    from bayesprism.cli.forecast import format_table
+
+    step = {"p50": 0.4, "p05": 0.39, "p95": 0.43}
+
+    def plan(name, p):
+        return {"name": name, "gpus": 8, "step_time_s": step, "slowdown_probability": {},
+                "degraded_link_probability": p, "degraded_link": "prior"}
+
+    lines = format_table({"plans": [plan("a", 0.004), plan("b", 0.06), plan("c", 0.2)]})
+    links = [line for line in lines.splitlines() if "degraded link" in line]
+    assert links == ["P(a node with a degraded link), included above (from the prior: fit "
+                     "nccl-tests sweeps of several allocations to learn it): b 0.06, c 0.20"]
+    assert "degraded" not in format_table({"plans": [plan("a", 0.004)]})
+
+
 def test_repeated_dp_flags_all_count(gemm_path, capsys):
     """``--dp 2 --dp 8,64`` forecasts three plans: argparse alone kept the last flag and
     dropped the others without a word."""

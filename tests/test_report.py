@@ -288,4 +288,4 @@ def test_the_answer_names_what_each_plan_takes_from_formulas_and_degraded_links(
     plans[1].update(degraded_link_probability=0.2, degraded_link="prior")
     answer = section_answer({"plans": plans}, {})
     assert "P(a node with a degraded link), included above (from the prior" in answer
-    assert f"dp32 {fmt_p(0.2)}." in answer and "dp2 " not in answer
+    assert "dp32 0.20." in answer and "dp2 " not in answer

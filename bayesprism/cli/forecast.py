@@ -219,12 +219,11 @@ def format_table(summary: dict) -> str:
     for row in rows:
         lines.append("  ".join(f"{cell:{align}{w}}" for cell, (_, align), w in
                                zip(row, columns, widths, strict=True)).rstrip())
-    for plan in plans:
-        if plan.get("degraded_link_probability", 0.0) >= 0.01:
-            source = ("fitted" if plan.get("degraded_link") == "fitted" else
-                      "from the prior: fit nccl-tests sweeps of several allocations to learn it")
-            lines.append(f"{plan['name']}: P(a node with a degraded link) "
-                         f"{plan['degraded_link_probability']:.2f}, included above ({source})")
+    from bayesprism.forecast.forecasting import degraded_link_note
+
+    link = degraded_link_note(plans)
+    if link:
+        lines.append(link)
     for plan in plans:
         if plan.get("extrapolated"):
             lines.append(f"{plan['name']}: by formula, not as traced: "

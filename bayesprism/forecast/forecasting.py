@@ -328,6 +328,27 @@ def forecast(
     return xr.DataTree(xr.Dataset(data, coords=coords, attrs=attrs))
 
 
+def degraded_link_note(plans: Sequence[dict]) -> str | None:
+    """One line on the chance of a degraded inter-node link in the summarised plans.
+
+    It names the plans at 1 % or more (their step times include those clusters) and whether
+    the chance was learned; None when no plan has one.
+
+    Examples
+    --------
+    >>> degraded_link_note([{"name": "dp8", "degraded_link_probability": 0.06,
+    ...                      "degraded_link": "fitted"}])
+    'P(a node with a degraded link), included above (fitted): dp8 0.06'
+    """
+    links = [p for p in plans if p.get("degraded_link_probability", 0.0) >= 0.01]
+    if not links:
+        return None
+    source = ("fitted" if all(p.get("degraded_link") == "fitted" for p in links) else
+              "from the prior: fit nccl-tests sweeps of several allocations to learn it")
+    return (f"P(a node with a degraded link), included above ({source}): "
+            + ", ".join(f"{p['name']} {p['degraded_link_probability']:.2f}" for p in links))
+
+
 def _extrapolated(text: str, plan: str) -> list[str]:
     """A plan's ``extrapolated`` variable (a JSON list of sentences), checked."""
     try:

@@ -14,6 +14,8 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from bayesprism.forecast.forecasting import degraded_link_note
+
 LEVEL_NAMES = {"node": "Node", "gpu": "GPU", "cabinet": "Cabinet"}
 PLAN_FIELDS = ("gpus", "dp", "tp", "pp", "cp", "ep", "microbatches", "schedule")
 
@@ -365,15 +367,9 @@ def section_answer(summary: dict, figures: dict[str, Path]) -> str:
         + ". Details follow below the data summary and the diagnostics.</p>",
         _table(header, rows),
     ]
-    links = [(p.get("name", ""), p["degraded_link_probability"], p.get("degraded_link"))
-             for p in plans if p.get("degraded_link_probability", 0.0) >= 0.01]
-    if links:
-        learned = ("fitted" if all(source == "fitted" for *_, source in links) else
-                   "from the prior: fit nccl-tests sweeps of several allocations to learn it")
-        parts.append("<p>P(a node with a degraded link), included above ("
-                     + esc(learned) + "): "
-                     + ", ".join(f"{esc(name)} {fmt_p(prob)}" for name, prob, _ in links)
-                     + ".</p>")
+    link = degraded_link_note(plans)
+    if link:
+        parts.append(f"<p>{esc(link)}.</p>")
     formulas = [(p.get("name", ""), p["extrapolated"]) for p in plans if p.get("extrapolated")]
     if formulas:
         parts.append("<p>By formula, not as traced:</p><ul>" + "".join(
