@@ -287,6 +287,7 @@ def _draw_shared(model: PlanModel, replicates: int, rng: np.random.Generator,
     # a degraded link is a property of the cluster (the draw): every step of it pays, in the
     # stages that hold the node (collectives over every rank: in any of them)
     degraded = degraded_stages(model, fabric)
+    degraded_any = degraded.any(axis=1)
     w = rng.standard_normal((d, r))
     keys = sorted({c.congestion_key for c in model.comms})
     eta = {key: rng.standard_normal((d, r)) for key in keys}
@@ -301,7 +302,7 @@ def _draw_shared(model: PlanModel, replicates: int, rng: np.random.Generator,
         )
         det = term.det_us
         if term.degraded_extra_us is not None:
-            slowed = degraded.any(axis=1) if term.stage is None else degraded[:, term.stage]
+            slowed = degraded_any if term.stage is None else degraded[:, term.stage]
             det = det + np.where(slowed, term.degraded_extra_us, 0.0)
         if term.stage is None:
             totals[term.where] += det[:, None] * factor

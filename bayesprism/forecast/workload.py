@@ -754,6 +754,11 @@ def build_plan_model(
     )
 
 
+def _spans_nodes(span: int, gpus_per_node: int) -> bool:
+    """Whether a group spread over ``span`` consecutive ranks crosses nodes (inter tier)."""
+    return span > gpus_per_node
+
+
 _ROLE_NAMES = (("tp", "tensor-parallel"), ("cp", "context-parallel"), ("ep", "expert-parallel"))
 
 
@@ -803,7 +808,7 @@ def extrapolation_notes(arrays: PosteriorArrays, plan: ParallelPlan, scaling: _S
     shard, shard0 = plan.tp * plan.pp, traced["tp"] * traced["pp"]
     dp_specs = [spec for spec in specs if spec.where == "dp" and spec.size == group]
     inter = any(spec.tier == "inter" for spec in dp_specs)
-    inter0 = width0 * traced["dp"] > traced["gpus_per_node"]  # the traced groups' span
+    inter0 = _spans_nodes(width0 * traced["dp"], traced["gpus_per_node"])  # as traced
     if dp_specs and (group != group0 or shard != shard0 or inter != inter0):
         kinds = " + ".join(dict.fromkeys(spec.kind for spec in dp_specs))
         tiers = {True: "inter-node", False: "intra-node"}
@@ -1106,7 +1111,7 @@ def _cost_model_specs(arrays: PosteriorArrays, plan: ParallelPlan, gpn: int, rep
     def placed(span: int, degree: int) -> dict:
         """Tier and nodes spanned of a group of ``degree`` ranks spread evenly over ``span``
         consecutive ranks."""
-        if span <= gpn:
+        if not _spans_nodes(span, gpn):
             return {"tier": "intra", "nodes": 1}
         return {"tier": "inter", "nodes": min(int(degree), math.ceil(span / gpn))}
 
