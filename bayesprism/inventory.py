@@ -25,6 +25,7 @@ import pandas as pd
 import xarray as xr
 
 from bayesprism.errors import InputError, Problem
+from bayesprism.schema import category_in, string_values
 
 COLLECTIVE_CLASSES: tuple[str, ...] = (
     "allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv",
@@ -274,19 +275,18 @@ class InventoryPart:
     def of(cls, table: pd.DataFrame) -> InventoryPart:
         """The part of a table's kernel-level rows (step-level rows left out)."""
         part = cls()
-        rows = table.loc[(table["kernel_class"].astype(str) != "step").to_numpy()]
+        rows = table.loc[~category_in(table["kernel_class"], ["step"])]
         if not len(rows):
             return part
         base = pd.DataFrame({
-            "run": rows["run"].astype(str).to_numpy(),
-            "kernel": rows["kernel"].astype(str).to_numpy(),
-            "kernel_class": rows["kernel_class"].astype(str).to_numpy(),
+            "run": string_values(rows["run"]),
+            "kernel": string_values(rows["kernel"]),
+            "kernel_class": string_values(rows["kernel_class"]),
             "rank": rows["rank"].to_numpy(dtype=np.int64),
             "step": rows["step"].to_numpy(dtype=np.int64),
         })
         part.phases = "phase" in rows.columns and bool(rows["phase"].notna().any())
-        base["tail"] = ((rows["phase"].astype(str) == "optimizer").to_numpy() if part.phases
-                        else False)
+        base["tail"] = category_in(rows["phase"], ["optimizer"]) if part.phases else False
         part.frames["launches"].append(
             base.groupby(["run", "kernel", "kernel_class", "rank"], sort=True)["tail"]
             .agg(n="size", tail_n="sum").reset_index())
@@ -295,7 +295,7 @@ class InventoryPart:
         stage = (rows["pp_stage"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
                  if part.stages else np.full(len(rows), np.nan))
         part.max_stage = int(np.nan_to_num(stage, nan=0.0).max())
-        node = rows["node"].astype(str).to_numpy()
+        node = string_values(rows["node"])
         gpu = rows["gpu"].to_numpy(dtype=np.int64)
         part.frames["placement"].append(
             pd.DataFrame({"run": base["run"], "rank": base["rank"], "node": node, "gpu": gpu,

@@ -156,6 +156,23 @@ def codes_and_labels(values: pd.Series, missing: str | None = None) -> tuple[np.
     return codes, labels
 
 
+def string_values(values: pd.Series) -> np.ndarray:
+    """A column as a NumPy array of ``str`` (missing: ``"nan"``), as ``values.astype(str)`` gives.
+
+    Built from the distinct values (:func:`codes_and_labels`), not per row: a categorical
+    column of 835 k rows takes milliseconds, where ``astype(str)`` takes 0.2-0.8 s.
+
+    Examples
+    --------
+    >>> string_values(pd.Series(pd.Categorical(["a", None, "b", "a"]))).tolist()
+    ['a', 'nan', 'b', 'a']
+    >>> string_values(pd.Series([3, 1])).tolist()
+    ['3', '1']
+    """
+    codes, labels = codes_and_labels(values, missing="nan")
+    return np.array([str(label) for label in labels] or [""], dtype=object)[codes]
+
+
 def category_in(values: pd.Series, allowed) -> np.ndarray:
     """Boolean mask of the rows whose value is one of ``allowed`` (missing: False).
 
