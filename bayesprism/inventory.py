@@ -120,7 +120,7 @@ def run_layout(run: str, meta: dict, source: str = "table") -> tuple[dict, list[
 
 def is_step_table(table: pd.DataFrame) -> bool:
     """True when every row is a step-level row (``kernel_class == "step"``)."""
-    return len(table) > 0 and bool((table["kernel_class"].astype(str) == "step").all())
+    return len(table) > 0 and bool(category_in(table["kernel_class"], ["step"]).all())
 
 
 def traced_plan(table: pd.DataFrame) -> dict:

@@ -157,7 +157,7 @@ def codes_and_labels(values: pd.Series, missing: str | None = None) -> tuple[np.
 
 
 def string_values(values: pd.Series) -> np.ndarray:
-    """A column as a NumPy array of ``str`` (missing: ``"nan"``), as ``values.astype(str)`` gives.
+    """A column as a NumPy array of each value's ``str``, missing values as ``"nan"``.
 
     Built from the distinct values (:func:`codes_and_labels`), not per row: a categorical
     column of 835 k rows takes milliseconds, where ``astype(str)`` takes 0.2-0.8 s.
@@ -170,7 +170,7 @@ def string_values(values: pd.Series) -> np.ndarray:
     ['3', '1']
     """
     codes, labels = codes_and_labels(values, missing="nan")
-    return np.array([str(label) for label in labels] or [""], dtype=object)[codes]
+    return np.array([str(label) for label in labels], dtype=object)[codes]
 
 
 def category_in(values: pd.Series, allowed) -> np.ndarray:
