@@ -60,6 +60,23 @@ _AUTO_NAME = re.compile(
 )
 
 
+def nodes_spanned(span: int, gpus_per_node: int) -> int:
+    """Most nodes one group of ``span`` consecutive ranks covers.
+
+    The groups tile the ranks from rank 0 and node ``i`` holds ranks ``i * gpus_per_node ...``.
+    A group starts at a multiple of ``span``, so its offset within a node is a multiple of
+    ``gcd(span, gpus_per_node)``, at most ``gpus_per_node - gcd``; a span that does not divide
+    the node size leaves some group straddling a node boundary.
+
+    Examples
+    --------
+    >>> nodes_spanned(8, 8), nodes_spanned(7, 8), nodes_spanned(16, 8), nodes_spanned(12, 8)
+    (1, 2, 2, 2)
+    """
+    largest_offset = gpus_per_node - math.gcd(span, gpus_per_node)
+    return (largest_offset + span - 1) // gpus_per_node + 1
+
+
 class PlanWarning(UserWarning):
     """A plan is possible but likely wasteful or unusual (e.g. TP across nodes)."""
 
@@ -75,7 +92,7 @@ def _is_number(value: object) -> bool:
 #: Plan fields checked one by one: positive integers (required / ``None`` allowed) and
 #: positive numbers (``None`` allowed), in the order their problems are reported.
 _REQUIRED_INTS = ("dp", "tp", "pp", "cp", "ep", "microbatches", "virtual_stages", "gpus_per_node")
-_OPTIONAL_INTS = ("steps", "layers", "world_size", "nodes_per_leaf")
+_OPTIONAL_INTS = ("steps", "layers", "heads", "world_size", "nodes_per_leaf")
 _OPTIONAL_NUMBERS = ("activation_bytes", "gradient_bytes", "micro_batch_size")
 #: Largest world size a plan may ask about: 100 times the largest training clusters, so a typo
 #: (dp = 10**12) is an error at the boundary rather than a failure deep in the fast path.
@@ -84,7 +101,7 @@ MAX_GPUS = 10_000_000
 FIELD_MAX: dict[str, float] = {
     **dict.fromkeys(("dp", "tp", "pp", "cp", "ep", "world_size"), MAX_GPUS),
     "microbatches": 1_000_000, "virtual_stages": 10_000, "gpus_per_node": 1024,
-    "steps": 10**12, "layers": 1_000_000, "nodes_per_leaf": 1_000_000,
+    "steps": 10**12, "layers": 1_000_000, "heads": 1_000_000, "nodes_per_leaf": 1_000_000,
     "activation_bytes": 1e15, "gradient_bytes": 1e18, "micro_batch_size": 1e9,
 }
 
@@ -170,6 +187,9 @@ class ParallelPlan:
         Training steps, for training-time forecasts (optional).
     layers
         Model depth, to check that every (virtual) pipeline stage gets a layer (optional).
+    heads
+        Attention heads, or key/value heads (query groups) with grouped-query attention: tensor
+        parallelism splits them, so ``tp`` must divide them (optional).
     world_size
         When given, must equal ``dp * tp * pp * cp``.
     activation_bytes
@@ -208,6 +228,7 @@ class ParallelPlan:
     name: str | None = None
     steps: int | None = None
     layers: int | None = None
+    heads: int | None = None
     world_size: int | None = None
     activation_bytes: float | None = None
     gradient_bytes: float | None = None
@@ -284,10 +305,19 @@ class ParallelPlan:
                 f"{where}: microbatches = {self.microbatches} < pp = {self.pp}: schedule "
                 f"{self.schedule!r} never reaches its steady state (the bubble dominates)"
             )
+        if self.heads is not None and self.heads % self.tp:
+            bad("tp", f"must divide heads = {self.heads} (tensor parallelism splits the "
+                "attention heads)", self.tp)
         if self.tp > self.gpus_per_node:
             notes.append(
                 f"{where}: tp = {self.tp} > gpus_per_node = {self.gpus_per_node}: "
                 "tensor-parallel collectives cross nodes (tp <= gpus_per_node is recommended)"
+            )
+        elif self.gpus_per_node % self.tp:
+            notes.append(
+                f"{where}: tp = {self.tp} does not divide gpus_per_node = "
+                f"{self.gpus_per_node}: some tensor-parallel groups straddle two nodes, and "
+                "every step waits for their inter-node collectives"
             )
         return problems, notes
 

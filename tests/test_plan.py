@@ -57,6 +57,21 @@ def test_relations_between_fields():
     ]
 
 
+def test_tp_must_divide_the_attention_heads():
+    with pytest.raises(PlanError) as exc:
+        ParallelPlan(tp=16, heads=8, gpus_per_node=16, name="gqa")
+    assert lines_of(exc) == [
+        "plan 'gqa': tp: must divide heads = 8 (tensor parallelism splits the attention heads), "
+        "got 16"]
+    assert ParallelPlan(tp=8, heads=64).heads == 64
+
+
+def test_nodes_spanned_by_the_widest_group():
+    from bayesprism.plan import nodes_spanned
+    assert [nodes_spanned(span, 8) for span in (1, 2, 3, 4, 6, 7, 8, 12, 16, 20, 24)] == [
+        1, 1, 2, 1, 2, 2, 1, 2, 2, 3, 3]
+
+
 def test_interleaved_needs_multiple_of_pp_and_chunks():
     with pytest.raises(PlanError) as exc:
         ParallelPlan(pp=4, microbatches=6, schedule="interleaved-1f1b")
@@ -73,6 +88,9 @@ def test_warnings_for_wasteful_layouts():
         ParallelPlan(pp=4, microbatches=2)
     with pytest.warns(PlanWarning, match="tp = 16 > gpus_per_node = 8"):
         ParallelPlan(tp=16)
+    with pytest.warns(PlanWarning, match="tp = 7 does not divide gpus_per_node = 8: some "
+                      "tensor-parallel groups straddle two nodes"):
+        ParallelPlan(tp=7)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ParallelPlan(pp=4, microbatches=2, schedule="gpipe")  # GPipe has no 1F1B steady state

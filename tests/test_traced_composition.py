@@ -10,7 +10,7 @@ from posterior_builders import kernel_posterior, quiet_compose, tiny_kernel_tabl
 
 from bayesprism.costs import collectives
 from bayesprism.inventory import traced_plan
-from bayesprism.plan import Cluster, ParallelPlan
+from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
 
 
 def _staged(post, stage_of_rank, launches_by_rank):
@@ -178,6 +178,15 @@ def test_a_new_tensor_parallel_degree_uses_the_cost_model():
     plan = ParallelPlan(tp=4, microbatches=2, gpus_per_node=8)
     per_launch = collectives.transfer_time_us("allgather", 4, 1e6, 5.0, 100.0)
     assert _step_us(_tp_job(), plan) == pytest.approx(200.0 + 4 * per_launch)
+
+
+def test_tensor_parallel_groups_that_straddle_nodes_cost_at_the_inter_node_tier():
+    # tp 3 on 8-GPU nodes: the group of ranks 6-8 spans two nodes, and the step waits for it,
+    # so every all-gather costs at the inter-node tier (10 µs, 25 GB/s) over two nodes
+    with pytest.warns(PlanWarning, match="straddle two nodes"):
+        plan = ParallelPlan(tp=3, microbatches=2, gpus_per_node=8)
+    per_launch = collectives.transfer_time_us("allgather", 3, 1e6, 10.0, 25.0)
+    assert _step_us(_tp_job(), plan) == pytest.approx(800.0 / 3 + 4 * per_launch)
 
 
 def test_a_global_collective_spans_every_rank_of_the_target():

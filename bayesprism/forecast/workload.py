@@ -51,8 +51,9 @@ Notation: the traced plan (``inventory.attrs["traced_plan"]``) is ``dp0, tp0, pp
   layer, needs ``layers``; PP: one send/recv) or ``gradient_bytes`` (DP, 25 MB buckets); otherwise
   they are left out with a ``PlanWarning``. ReduceScatter/AllGather without fitted cost parameters
   use the AllReduce parameters.
-* A group spans nodes (inter tier) when its rank span exceeds ``gpus_per_node``; ranks are
-  ordered tp fastest, then cp, dp, pp (Megatron), node = rank // gpus_per_node.
+* A group spans nodes (inter tier) when some group of its kind covers two or more nodes: its
+  rank span exceeds ``gpus_per_node`` or does not divide it (``plan.nodes_spanned``); ranks
+  are ordered tp fastest, then cp, dp, pp (Megatron), node = rank // gpus_per_node.
 * GPU idle time inside a traced step (host work, launch gaps): a random quantity per rank,
   step and synchronisation, gamma per segment of the traced step between collectives
   (:class:`IdleLaw`, :func:`fit_idle_law` on the inventory's ``traced_idle_us``), carried over
@@ -88,7 +89,7 @@ import xarray as xr
 
 from bayesprism.costs import collectives
 from bayesprism.errors import InputError, Problem
-from bayesprism.plan import Cluster, ParallelPlan, PlanWarning
+from bayesprism.plan import Cluster, ParallelPlan, PlanWarning, nodes_spanned
 from bayesprism.posterior import flat_draws, recorded_traced_plan
 from bayesprism.spec import DEFAULT_PRIORS, ModelSpec
 
@@ -755,8 +756,9 @@ def build_plan_model(
 
 
 def _spans_nodes(span: int, gpus_per_node: int) -> bool:
-    """Whether a group spread over ``span`` consecutive ranks crosses nodes (inter tier)."""
-    return span > gpus_per_node
+    """Whether some group spread over ``span`` consecutive ranks crosses nodes (inter tier):
+    one that straddles a node boundary is enough, as the step waits for it."""
+    return nodes_spanned(span, gpus_per_node) > 1
 
 
 _ROLE_NAMES = (("tp", "tensor-parallel"), ("cp", "context-parallel"), ("ep", "expert-parallel"))
@@ -1113,7 +1115,7 @@ def _cost_model_specs(arrays: PosteriorArrays, plan: ParallelPlan, gpn: int, rep
         consecutive ranks."""
         if not _spans_nodes(span, gpn):
             return {"tier": "intra", "nodes": 1}
-        return {"tier": "inter", "nodes": min(int(degree), math.ceil(span / gpn))}
+        return {"tier": "inter", "nodes": min(int(degree), nodes_spanned(span, gpn))}
 
     role_rows = {
         r: [
