@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import numpy as np
 import pandas as pd
 from posterior_builders import tiny_kernel_table, tiny_spec
 
@@ -62,7 +64,12 @@ def test_fit_cli_prints_a_summary_table(tmp_path, capsys):
     assert lines[1].startswith("max R-hat ")
     assert lines[2] == "variance components (CV per level, posterior median):"
     assert lines[3].split() == ["node", "gpu", "step", "residual"]
-    assert sorted(line.split()[0] for line in lines[4:]) == ["allreduce", "elementwise", "gemm"]
+    assert sorted(line.split()[0] for line in lines[4:7]) == ["allreduce", "elementwise", "gemm"]
+    # how the fit used the rows: the collective without a cost model fitted as a kernel
+    assert lines[7:] == ["note: collective classes without a cost model (no bytes/group size) "
+                         "fitted as kernels: allreduce; on transfer_us for 0 of 96 launches "
+                         "(waiting split off at ingest), else on duration_us, which includes "
+                         "waiting"]
 
 
 def test_fit_cli_records_a_stated_layout_in_the_posterior(tmp_path, capsys, shared_data):
@@ -112,3 +119,25 @@ def test_earlier_option_spellings_still_work_with_a_warning(tmp_path, capsys):
     new = validate(tiny_kernel_table(), split="nodes", methods=("pooled",), draws=20,
                    random_seed=4)
     assert old.equals(new)
+
+
+def test_fit_cli_names_the_rows_it_could_not_fit(tmp_path, capsys):
+    # collectives under the cost model need their transfer (waits split off at ingest): the
+    # first launch of each step has none here, so it is counted, not dropped silently
+    rows = tiny_kernel_table()
+    collective = rows["kernel_class"] == "allreduce"
+    rows["transfer_us"] = np.where(collective & (rows["occurrence"] > 0),
+                                   0.9 * rows["duration_us"], np.nan)
+    unsplit = int((collective & (rows["occurrence"] == 0)).sum())
+    table = tmp_path / "table.parquet"
+    write_table(rows, table)
+    spec = tmp_path / "ring.toml"
+    spec.write_text(dataclasses.replace(tiny_spec(), collective_model="ring").to_toml())
+    code = main(["fit", str(table), "-o", str(tmp_path / "post.nc"), "--spec", str(spec),
+                 "--draws", "30", "--tune", "50", "--sampler", "nutpie", "--quiet"])
+    assert code == 0
+    skipped = [line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("skipped:")]
+    assert skipped == [f"skipped: {unsplit:,} collective rows of a modelled class without a "
+                       "wait/transfer split (transfer_us: members without a trace file, see the "
+                       "ingest notes), bytes or group_size"]

@@ -375,6 +375,21 @@ def test_what_a_plan_takes_from_formulas_rather_than_the_traces_is_named():
     assert notes(sharding="zero1")[0].startswith("sharding zero1 (traced none)")
 
 
+def test_a_tier_the_fit_never_measured_is_named_as_from_its_prior():
+    # the gradient all-reduce crosses nodes, but the fit measured it within a node only (its
+    # inter-node rows had no wait/transfer split): its cost there is the prior's ratio's
+    post = _staged_gradient_job(0.0, 2)
+    group = post["posterior"].to_dataset()
+    intra = [p for p in group["coll_pair"].to_numpy() if str(p).endswith("/intra")]
+    post["posterior"] = group.sel(coll_pair=intra)
+    draws = quiet_compose(post, ParallelPlan(pp=2, dp=2, microbatches=2, gpus_per_node=1),
+                          replicates=1, rng=np.random.default_rng(0))
+    assert draws.extrapolated == (
+        "allreduce at the inter-node tier from the prior's inter/intra ratio: the fit "
+        "measured none of their transfers there (e.g. ranks of their groups without trace "
+        "files, whose waits cannot be split off); fit nccl-tests sweeps to learn it",)
+
+
 def test_nodes_that_hold_ranks_of_two_stages_degrade_both():
     from bayesprism.forecast.composition import degraded_stages, stage_node_blocks
     from bayesprism.forecast.workload import PlanModel

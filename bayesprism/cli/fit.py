@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import warnings
 from pathlib import Path
@@ -123,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
         "divergences": conv["divergences"],
         "seconds": tree.attrs["seconds"],
         "variance_components": components,
+        "skipped": _fit_attr(tree, "skipped", {}),
+        "notes": _fit_attr(tree, "notes", []),
         "warnings": notes,
     }
     if args.json:
@@ -143,7 +146,20 @@ def run(args: argparse.Namespace) -> int:
         print(" " * width + "".join(f"{lvl:>10}" for lvl in levels))
         for cls, values in components.items():
             print(f"{cls:<{width}}" + "".join(f"{_fmt(values.get(lvl)):>10}" for lvl in levels))
+    for reason, count in summary["skipped"].items():
+        print(f"skipped: {count:,} {reason}")
+    for note in summary["notes"]:
+        print(f"note: {note}")
     return 0
+
+
+def _fit_attr(tree, name: str, empty):
+    """What the model's preparation recorded under ``name`` (rows it could not fit, by reason;
+    notes on how it fitted the rest), stored as JSON in the posterior's attrs."""
+    value = tree["posterior"].attrs.get(name, empty)
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip()[:1] in ("{", "[") else [value]
+    return value if isinstance(value, type(empty)) else empty
 
 
 def _check_statistics_inputs(args: argparse.Namespace, statistics: list[str]) -> None:

@@ -424,6 +424,9 @@ class PosteriorArrays:
     step_weights: np.ndarray | None = None
     # (weight, shift, sd) of GPU×step episodes in core sds, each (D,), or None (normal)
     gpustep_slow: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    # (collective, tier) pairs whose transfers the fit measured; the others' latency and
+    # bandwidth are the measured tier's times an inter/intra ratio from its prior
+    measured_tiers: frozenset = frozenset()
 
 
 def _check_groups(posterior) -> None:
@@ -570,6 +573,10 @@ def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
         fabric_exponent=_fabric_exponent(posterior, group, bool(modelled)),
         degraded_link=_degraded_link(posterior, group, bool(modelled)),
         coll_spread=coll_spread,
+        measured_tiers=frozenset(
+            tuple(str(label).split("/", 1))
+            for label in (group["coll_pair"].to_numpy() if "coll_pair" in group.coords else ())
+            if "/" in str(label)),
         idle=_traced_idle_law(group, inventory, modelled, traced["gpus_per_node"]),
     )
 
@@ -819,6 +826,15 @@ def extrapolation_notes(arrays: PosteriorArrays, plan: ParallelPlan, scaling: _S
                   if shard != shard0 else "")
         notes.append(f"data-parallel {kinds} from the collective cost model over {group} "
                      f"ranks, {tiers[inter]} (traced {group0}{traced_tier}{scaled})")
+    unmeasured = sorted({(spec.tier, spec.kind) for spec in specs
+                         if (spec.kind, spec.tier) not in arrays.measured_tiers}
+                        if arrays.measured_tiers else ())
+    for tier in dict.fromkeys(tier for tier, _ in unmeasured):
+        kinds = ", ".join(kind for t, kind in unmeasured if t == tier)
+        notes.append(f"{kinds} at the {tier}-node tier from the prior's {tier}/intra ratio: "
+                     "the fit measured none of their transfers there (e.g. ranks of their groups "
+                     "without trace files, whose waits cannot be split off); fit nccl-tests "
+                     "sweeps to learn it")
     return tuple(notes)
 
 

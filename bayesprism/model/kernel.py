@@ -182,7 +182,8 @@ def prepare_kernel_statistics(stats: ModelStatistics, spec: ModelSpec,
     fixed_group = kc["fixed_role"].to_numpy(dtype=bool) & in_modelled
     unusable = in_modelled & ~kc["usable"].to_numpy(dtype=bool) & ~fixed_group
     if unusable.any():
-        skipped["collective rows of a modelled class without transfer_us/bytes/group_size"] = (
+        skipped["collective rows of a modelled class without a wait/transfer split (transfer_us: "
+                "members without a trace file, see the ingest notes), bytes or group_size"] = (
             int(n_cell[unusable].sum()))
     kernel_cells = ~in_modelled | fixed_group
     fallback = sorted(set(cell_class[~in_modelled]) & set(coll.COLLECTIVE_CLASSES))
