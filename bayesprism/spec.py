@@ -61,7 +61,9 @@ DEFAULT_PRIORS: dict[str, float] = {
     "coll_log_sd": 2.0,  # sd of log latency / log bandwidth around their medians
     "inter_bandwidth_ratio": 0.25,  # prior median of inter/intra bandwidth (unobserved tier)
     "inter_latency_ratio": 3.0,  # prior median of inter/intra latency (unobserved tier)
-    "tier_ratio_log_sd": 1.0,  # sd of log of those ratios
+    # sd of log of those ratios, and of an unobserved (collective, tier)'s ratio to the
+    # collectives observed at that tier
+    "tier_ratio_log_sd": 1.0,
     # sd of ρ ~ N(0, sd), the log ratio of a small message's per-step latency to a large one's
     # (bayesprism.costs.collectives.SMALL_MESSAGE_BYTES; fitted where a collective has both sizes)
     "small_latency_log_sd": 1.0,

@@ -79,6 +79,7 @@ def test_coordinates_change_the_parameterisation_not_the_density():
     spec = ModelSpec()
     prepared = prepare([table], spec)
     d = prepared.data
+    assert d["coll_observed_tiers"].tolist() == [[True, False], [True, True]]  # ag, ar
     model = build(prepared, spec)
     logp = model.compile_logp()
     values = model.compile_fn(
@@ -89,13 +90,18 @@ def test_coordinates_change_the_parameterisation_not_the_density():
 
     def plain(lat, bw, noise, congestion):
         sd, rsd = spec.prior("coll_log_sd"), spec.prior("tier_ratio_log_sd")
+        # the all-reduce has both tiers; the all-gather, observed within a node only, takes
+        # the all-reduce's inter-node tier times a ratio of prior median 1
+        both, borrowed = [1], [0]
         out = (stats.norm.logpdf(np.log(lat[:, 0]), np.log(spec.prior("coll_latency_us")), sd)
                + stats.norm.logpdf(np.log(bw[:, 0]), np.log(spec.prior("coll_bandwidth_gbps")),
-                                   sd)
-               + stats.norm.logpdf(np.log(lat[:, 1] / lat[:, 0]),
-                                   np.log(spec.prior("inter_latency_ratio")), rsd)
-               + stats.norm.logpdf(np.log(bw[:, 1] / bw[:, 0]),
-                                   np.log(spec.prior("inter_bandwidth_ratio")), rsd)).sum()
+                                   sd)).sum()
+        out += (stats.norm.logpdf(np.log(lat[both, 1] / lat[both, 0]),
+                                  np.log(spec.prior("inter_latency_ratio")), rsd)
+                + stats.norm.logpdf(np.log(bw[both, 1] / bw[both, 0]),
+                                    np.log(spec.prior("inter_bandwidth_ratio")), rsd)).sum()
+        out += (stats.norm.logpdf(np.log(lat[borrowed, 1] / lat[both, 1]), 0.0, rsd)
+                + stats.norm.logpdf(np.log(bw[borrowed, 1] / bw[both, 1]), 0.0, rsd)).sum()
         j, t = d["coll_cell_collective"], d["coll_cell_tier"]
         mu = np.log(lat[j, t] * d["coll_cell_latency_steps"]
                     + d["coll_cell_bytes_factor"] / (bw[j, t] * 1e3))
@@ -284,6 +290,43 @@ def test_tiers_from_group_size_and_spanning_process_groups_not_roles():
     # the same p2p rows in one node only: intra
     table["node"] = "n00"
     assert prepare([table], ModelSpec()).data["coll_observed_tiers"].tolist() == [[True, False]]
+
+
+def test_a_tier_never_observed_for_a_collective_comes_from_the_others_at_that_tier():
+    """All-gathers measured within a node only, pipeline transfers across nodes only (a job
+    traced on ranks whose data-parallel peers have no trace files): the all-gather's
+    inter-node latency and bandwidth are the send/recv's there times a sampled ratio of prior
+    median 1, and the send/recv's intra-node ones the all-gather's; not a collective's own
+    other tier times an inter/intra ratio (NVLink's bandwidth says little of the NICs')."""
+    gather = collective_table([(8, 4e8)], latency=(5.0, 10.0), bandwidth=(400.0, 40.0),
+                              steps=2, launches=4, kind="allgather")
+    p2p = collective_table([(2, 8e6)], latency=(5.0, 10.0), bandwidth=(400.0, 40.0),
+                           steps=2, launches=4, kind="sendrecv", run="job")
+    p2p["node"] = [f"n0{i % 2}" for i in range(len(p2p))]
+    p2p["process_group"] = "pp"
+    table = pd.concat([gather, p2p], ignore_index=True)
+    table.attrs["runs"] = {"job": {"gpus_per_node": 8}}
+    prepared = prepare([table], ModelSpec())
+    assert prepared.coords["coll_pair"] == ["allgather/intra", "sendrecv/inter"]
+    model = build(prepared, ModelSpec())
+    values = model.compile_fn(
+        model.replace_rvs_by_values([model["coll_latency_us"], model["coll_bandwidth_gbps"],
+                                     model["coll_log_latency_ratio"],
+                                     model["coll_log_bandwidth_ratio"]]),
+        inputs=model.value_vars, on_unused_input="ignore")
+    point = dict(model.initial_point())
+    point["coll_log_latency_ratio"] = np.array([0.3, -0.2])
+    point["coll_log_bandwidth_ratio"] = np.array([-0.4, 0.1])
+    lat, bw, r_lat, r_bw = values(point)
+    gather_i, p2p_i = (prepared.coords["collective"].index(c) for c in ("allgather", "sendrecv"))
+    assert list(model.coords["coll_extrapolated"]) == ["allgather", "sendrecv"]
+    assert lat[gather_i, 1] == pytest.approx(lat[p2p_i, 1] * np.exp(r_lat[0]))
+    assert bw[gather_i, 1] == pytest.approx(bw[p2p_i, 1] * np.exp(r_bw[0]))
+    assert lat[p2p_i, 0] == pytest.approx(lat[gather_i, 0] * np.exp(r_lat[1]))
+    assert bw[p2p_i, 0] == pytest.approx(bw[gather_i, 0] * np.exp(r_bw[1]))
+    # the ratios' prior is centred on 1 (log 0), not on the inter/intra prior ratio
+    prior_mean = model["coll_log_bandwidth_ratio"].owner.inputs[-2].eval()
+    assert np.broadcast_to(prior_mean, 2).tolist() == [0.0, 0.0]
 
 
 def test_a_send_recv_spans_two_nodes_whatever_its_process_group_spans():

@@ -388,6 +388,15 @@ def test_a_tier_the_fit_never_measured_is_named_as_from_its_prior():
         "allreduce at the inter-node tier from the prior's inter/intra ratio: the fit "
         "measured none of their transfers there (e.g. ranks of their groups without trace "
         "files, whose waits cannot be split off); fit nccl-tests sweeps to learn it",)
+    # with another collective measured across nodes, the fit takes that one's link
+    post["posterior"] = group.assign_coords(coll_pair=[
+        "allreduce/intra" if str(p).startswith("allreduce/intra") else "sendrecv/inter"
+        for p in group["coll_pair"].to_numpy()])
+    draws = quiet_compose(post, ParallelPlan(pp=2, dp=2, microbatches=2, gpus_per_node=1),
+                          replicates=1, rng=np.random.default_rng(0))
+    assert draws.extrapolated[0].startswith(
+        "allreduce at the inter-node tier from the sendrecv there times a ratio of prior "
+        "median 1: the fit measured none")
 
 
 def test_nodes_that_hold_ranks_of_two_stages_degrade_both():

@@ -831,10 +831,14 @@ def extrapolation_notes(arrays: PosteriorArrays, plan: ParallelPlan, scaling: _S
                         if arrays.measured_tiers else ())
     for tier in dict.fromkeys(tier for tier, _ in unmeasured):
         kinds = ", ".join(kind for t, kind in unmeasured if t == tier)
-        notes.append(f"{kinds} at the {tier}-node tier from the prior's {tier}/intra ratio: "
-                     "the fit measured none of their transfers there (e.g. ranks of their groups "
-                     "without trace files, whose waits cannot be split off); fit nccl-tests "
-                     "sweeps to learn it")
+        # as the fit extrapolates (bayesprism.model.kernel): from the collectives measured at
+        # the tier, else from the collective's other tier
+        donors = sorted(kind for kind, t in arrays.measured_tiers if t == tier)
+        source = (f"the {', '.join(donors)} there times a ratio of prior median 1" if donors
+                  else "the prior's inter/intra ratio")
+        notes.append(f"{kinds} at the {tier}-node tier from {source}: the fit measured none "
+                     "of their transfers there (e.g. ranks of their groups without trace files, "
+                     "whose waits cannot be split off); fit nccl-tests sweeps to learn it")
     return tuple(notes)
 
 

@@ -1433,9 +1433,10 @@ def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
     they do not (one group size and bytes value) it is prior-only, a smooth direction with no
     funnel. The map has Jacobian 1, so the priors on log latency, log bandwidth and the
     inter/intra ratios (``ModelSpec`` priors) are the same densities as on the plain
-    parameters: this is a change of coordinates, not of model. A tier never observed is the
-    observed one times the prior ratio, sampled. Noise and the per-step congestion (integrated
-    out in closed form) are as before.
+    parameters: this is a change of coordinates, not of model. A tier never observed for a
+    collective is the mean of the collectives observed at that tier times a sampled ratio (of
+    prior median 1), else its observed tier times the prior inter/intra ratio, sampled. Noise
+    and the per-step congestion (integrated out in closed form) are as before.
 
     Fabric: an inter-node group spanning ``n`` nodes moves its bytes at the tier's bandwidth
     times ``(n / 2)^-γ`` (``coll_fabric_exponent``, one for the whole network, half-normal
@@ -1499,24 +1500,46 @@ def _collective_part(prepared: PreparedData, spec: ModelSpec) -> None:
     ratio_lat = np.log(spec.prior("inter_latency_ratio"))
     ratio_bw = np.log(spec.prior("inter_bandwidth_ratio"))
     sd, rsd = spec.prior("coll_log_sd"), spec.prior("tier_ratio_log_sd")
+    borrowed_intra = np.zeros(0, dtype=np.int64)  # collectives whose intra tier is borrowed
     if one_tier.size:
-        # The tier never observed is the observed one times an inter/intra ratio with a prior.
+        # A tier never observed for a collective is, where other collectives were observed at
+        # it, their mean (log) latency and bandwidth times a ratio of prior median 1: a tier's
+        # links and NICs set every ring's bus bandwidth (the dev job's inter-node all-gather,
+        # reduce-scatter and pipeline transfers: 43-50 GB/s), where the intra-node tier says
+        # little of them (NVLink's 400-480 GB/s there). Else it is the collective's observed
+        # tier times an inter/intra ratio with a prior.
         pm.modelcontext(None).add_coord(
             "coll_extrapolated", [prepared.coords["collective"][c] for c in one_tier])
-        r_lat = pm.Normal("coll_log_latency_ratio", ratio_lat, rsd, dims="coll_extrapolated")
-        r_bw = pm.Normal("coll_log_bandwidth_ratio", ratio_bw, rsd, dims="coll_extrapolated")
         missing = (where[one_tier] < 0).argmax(axis=1)
         source = where[one_tier, 1 - missing]
         sign = np.where(missing == 1, 1.0, -1.0)
-        lat_parts.append(pair_log_lat[source] + sign * r_lat)
-        bw_parts.append(pair_log_bw[source] + sign * r_bw)
+        donors = [where[where[:, t] >= 0, t] for t in range(2)]
+        borrowed = np.array([donors[t].size > 0 for t in missing])
+        r_lat = pm.Normal("coll_log_latency_ratio", np.where(borrowed, 0.0, ratio_lat), rsd,
+                          dims="coll_extrapolated")
+        r_bw = pm.Normal("coll_log_bandwidth_ratio", np.where(borrowed, 0.0, ratio_bw), rsd,
+                         dims="coll_extrapolated")
+        for parts, pair_log, ratio in ((lat_parts, pair_log_lat, r_lat),
+                                       (bw_parts, pair_log_bw, r_bw)):
+            tier_mean = pt.stack([pt.mean(pair_log[d]) if d.size else pt.constant(0.0)
+                                  for d in donors])
+            parts.append(pt.where(borrowed, tier_mean[missing], pair_log[source])
+                         + pt.where(borrowed, 1.0, sign) * ratio)
         where[one_tier, missing] = n_pairs + np.arange(one_tier.size)
+        borrowed_intra = one_tier[borrowed & (missing == 0)]
     log_lat = pt.concatenate(lat_parts)[where]
     log_bw = pt.concatenate(bw_parts)[where]
     # The priors of the plain parameters: intra latency and bandwidth, and the inter/intra
     # ratios of collectives with both tiers observed (the others sample their ratio above).
+    # A collective observed across nodes only whose intra tier is borrowed from the others
+    # (above) keeps the prior its intra tier would have given it: N(intra prior + ratio prior,
+    # sd² + ratio sd²) on its inter tier, else the logit of a single-size pair is improper.
     both = np.flatnonzero((where < n_pairs).all(axis=1))
-    prior = (_normal_logp(log_lat[:, 0], lat_mu, sd) + _normal_logp(log_bw[:, 0], bw_mu, sd)
+    own = np.setdiff1d(np.arange(n_coll), borrowed_intra)
+    inter_sd = float(np.hypot(sd, rsd))
+    prior = (_normal_logp(log_lat[own, 0], lat_mu, sd) + _normal_logp(log_bw[own, 0], bw_mu, sd)
+             + _normal_logp(log_lat[borrowed_intra, 1], lat_mu + ratio_lat, inter_sd)
+             + _normal_logp(log_bw[borrowed_intra, 1], bw_mu + ratio_bw, inter_sd)
              + _normal_logp(log_lat[both, 1] - log_lat[both, 0], ratio_lat, rsd)
              + _normal_logp(log_bw[both, 1] - log_bw[both, 0], ratio_bw, rsd) + rho_prior)
     pm.Potential("coll_prior", prior)
