@@ -141,3 +141,19 @@ def test_fit_cli_names_the_rows_it_could_not_fit(tmp_path, capsys):
     assert skipped == [f"skipped: {unsplit:,} collective rows of a modelled class without a "
                        "wait/transfer split (transfer_us: members without a trace file, see the "
                        "ingest notes), bytes or group_size"]
+
+
+def test_fit_notes_and_skipped_rows_read_back_as_the_artifact_stores_them():
+    import xarray as xr
+
+    from bayesprism.cli.fit import _fit_attr
+
+    def tree(**attrs):
+        return xr.DataTree.from_dict({"posterior": xr.Dataset(attrs=attrs)})
+
+    assert _fit_attr(tree(notes=""), "notes", []) == []  # an empty list is stored as ""
+    assert _fit_attr(tree(notes="one"), "notes", []) == ["one"]
+    assert _fit_attr(tree(notes=np.array(["a", "b"])), "notes", []) == ["a", "b"]
+    assert _fit_attr(tree(skipped='{"rows without bytes": 3}'), "skipped", {}) == {
+        "rows without bytes": 3}
+    assert _fit_attr(tree(), "skipped", {}) == {}

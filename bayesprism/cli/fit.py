@@ -9,6 +9,8 @@ import math
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 from bayesprism.cli._common import (
     add_columns_option,
     add_common,
@@ -155,10 +157,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _fit_attr(tree, name: str, empty):
     """What the model's preparation recorded under ``name`` (rows it could not fit, by reason;
-    notes on how it fitted the rest), stored as JSON in the posterior's attrs."""
+    notes on how it fitted the rest), as ``bayesprism.io`` stores attrs: a dict as JSON, a list
+    of strings as itself (one string, or ``""`` when empty)."""
     value = tree["posterior"].attrs.get(name, empty)
     if isinstance(value, str):
-        value = json.loads(value) if value.strip()[:1] in ("{", "[") else [value]
+        value = (json.loads(value) if value.strip()[:1] in ("{", "[")
+                 else [value] if value else empty)
+    elif isinstance(value, (list, tuple, np.ndarray)):
+        value = [str(v) for v in value]
     return value if isinstance(value, type(empty)) else empty
 
 

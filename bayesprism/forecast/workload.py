@@ -424,8 +424,8 @@ class PosteriorArrays:
     step_weights: np.ndarray | None = None
     # (weight, shift, sd) of GPU×step episodes in core sds, each (D,), or None (normal)
     gpustep_slow: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-    # (collective, tier) pairs whose transfers the fit measured; the others' latency and
-    # bandwidth are the measured tier's times an inter/intra ratio from its prior
+    # (collective, tier) pairs whose transfers the fit measured; the fit extrapolates the
+    # others (bayesprism.model.kernel._collective_part), which extrapolation_notes names
     measured_tiers: frozenset = frozenset()
 
 
