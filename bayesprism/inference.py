@@ -71,6 +71,11 @@ DEFAULT_LENGTH = {"diag": (1000, 1000), "low_rank": (600, 1500)}
 #: job fitted with its fleet GEMM benchmark (4,299 coordinates, seed 0) reached R-hat 1.042
 #: and bulk ESS 51 at a warm-up of 600 against 1.018 and 71 at 1000.
 SHORT_WARMUP_MAX_COORDINATES = 1000
+#: Regularisation of nutpie's low-rank mass-matrix estimate (its ``mass_matrix_gamma``, 1e-5 by
+#: default). With nutpie's default, a dozen of the warm-up's updates of the traced 3D job's
+#: matrix stall for 2.5-5.5 s each in nutpie's compiled code (iterations 200-325 of 400),
+#: 16-18 s a chain against 7 s of log-density evaluations; at 1e-3 the stalls are gone.
+LOW_RANK_GAMMA = 1e-3
 
 
 def default_length(model, mass_matrix: str) -> tuple[int, int]:
@@ -218,7 +223,8 @@ def _sample(model, sampler: str, *, draws: int, tune: int, chains: int, random_s
         tree = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains,
                              cores=min(chains, 2), seed=random_seed, progress_bar=progress,
                              target_accept=target_accept,
-                             adaptation="low_rank" if mass_matrix == "low_rank" else "diag")
+                             **({"adaptation": "low_rank", "mass_matrix_gamma": LOW_RANK_GAMMA}
+                                if mass_matrix == "low_rank" else {"adaptation": "diag"}))
         return _add_data_groups(tree, model)
     if sampler == "pymc":
         with model:
