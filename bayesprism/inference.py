@@ -74,7 +74,8 @@ SHORT_WARMUP_MAX_COORDINATES = 1000
 #: Regularisation of nutpie's low-rank mass-matrix estimate (its ``mass_matrix_gamma``, 1e-5 by
 #: default). With nutpie's default, a dozen of the warm-up's updates of the traced 3D job's
 #: matrix stall for 2.5-5.5 s each in nutpie's compiled code (iterations 200-325 of 400),
-#: 16-18 s a chain against 7 s of log-density evaluations; at 1e-3 the stalls are gone.
+#: 16-18 s a chain against 7 s of log-density evaluations; at 1e-2 (one chain) they were
+#: gone, and at 1e-3 the 2-chain fit took 56-68 s instead of 73-88 s (seeds 0-3, same R-hat).
 LOW_RANK_GAMMA = 1e-3
 
 
@@ -220,11 +221,11 @@ def _sample(model, sampler: str, *, draws: int, tune: int, chains: int, random_s
         import nutpie
 
         compiled = _compiled_nutpie(model, cache_key, start)
+        adaptation = ({"adaptation": "low_rank", "mass_matrix_gamma": LOW_RANK_GAMMA}
+                      if mass_matrix == "low_rank" else {"adaptation": "diag"})
         tree = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains,
                              cores=min(chains, 2), seed=random_seed, progress_bar=progress,
-                             target_accept=target_accept,
-                             **({"adaptation": "low_rank", "mass_matrix_gamma": LOW_RANK_GAMMA}
-                                if mass_matrix == "low_rank" else {"adaptation": "diag"}))
+                             target_accept=target_accept, **adaptation)
         return _add_data_groups(tree, model)
     if sampler == "pymc":
         with model:
