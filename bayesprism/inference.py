@@ -25,9 +25,17 @@ import xarray as xr
 
 from bayesprism._version import __version__
 from bayesprism.errors import ConvergenceWarning, InputError, Problem
-from bayesprism.io import ARTIFACT_SCHEMA_VERSION, clean_attrs
+from bayesprism.ingest.classify import classify_kernel
+from bayesprism.io import ARTIFACT_SCHEMA_VERSION, clean_attrs, load
 from bayesprism.model import build, prepare, prepare_statistics
-from bayesprism.schema import signature_as_kernel
+from bayesprism.model.fleet_prior import add_population_prior
+from bayesprism.population_prior import (
+    PopulationPrior,
+    check_kernel_posterior,
+    fleet_classes,
+    population_prior_from,
+)
+from bayesprism.schema import COLLECTIVE_CLASSES, signature_as_kernel
 from bayesprism.spec import ModelSpec
 from bayesprism.statistics.artifact import TraceStatistics, input_digest, traced_inventory
 
@@ -430,9 +438,71 @@ def _warn_convergence(tree: xr.DataTree) -> None:
             ConvergenceWarning, stacklevel=3)
 
 
+def population_prior_for(prior, prepared, source: str = "population prior") -> PopulationPrior:
+    """The :class:`~bayesprism.population_prior.PopulationPrior` a fit of ``prepared`` uses.
+
+    ``prior`` is one already, or a fitted kernel-level posterior (a DataTree or the path of
+    one, e.g. a fleet benchmark's): its class with the most launches that the fit also launches
+    is carried over, a benchmark's ``"benchmark"`` rows counting as the class of their kernel
+    (a GEMM benchmark measures the ``gemm`` class).
+
+    Raises
+    ------
+    InputError
+        The file is not a posterior, or no class of the prior is a compute class of the fit.
+
+    Examples
+    --------
+    >>> prior = population_prior_for("fleet.nc", prepared)  # doctest: +SKIP
+    >>> prior.kernel_class  # doctest: +SKIP
+    'gemm'
+    """
+    compute = [c for c in prepared.coords.get("kernel_class", [])
+               if c not in COLLECTIVE_CLASSES]
+    if isinstance(prior, PopulationPrior):
+        if prior.kernel_class not in compute:
+            raise InputError(Problem(prior.source, "kernel_class", "not a compute class of the "
+                                     f"fit (it has {', '.join(compute) or 'none'})",
+                                     example=prior.kernel_class))
+        return prior
+    if isinstance(prior, (str, os.PathLike)):
+        source = str(prior)
+        try:
+            prior = load(prior, expect="posterior")
+        except FileNotFoundError:
+            raise InputError(Problem(source, "", "no such file")) from None
+    elif source == "population prior" and prior.attrs.get("input_digest"):
+        source = f"the posterior of input {prior.attrs['input_digest']}"
+    check_kernel_posterior(prior, source)
+    for fleet_class in fleet_classes(prior):
+        own = _measured_class(prior, fleet_class)
+        if own in compute:
+            return population_prior_from(prior, own, fleet_class, source)
+    raise InputError(Problem(source, "kernel_class", "no class of the population prior is a "
+                             f"compute class of the fit ({', '.join(compute) or 'none'})",
+                             example=", ".join(fleet_classes(prior)) or "none"))
+
+
+def _measured_class(posterior: xr.DataTree, fleet_class: str) -> str:
+    """The class a posterior's ``fleet_class`` measures.
+
+    Itself, or for ``"benchmark"`` rows the class of their kernel when all its kernels classify
+    alike (a GEMM benchmark measures ``gemm``).
+    """
+    kernels = posterior["constant_data"].to_dataset() \
+        if "constant_data" in posterior.children else None
+    if fleet_class != "benchmark" or kernels is None or "kernel_class_of_kernel" not in kernels:
+        return fleet_class
+    index = list(posterior["posterior"]["kernel_class"].to_numpy()).index(fleet_class)
+    names = kernels["kernel"].to_numpy()[kernels["kernel_class_of_kernel"].to_numpy() == index]
+    # a benchmark's kernel is named with its shape appended ("<kernel>[m=..,n=..,k=..]")
+    kinds = {classify_kernel(str(name).split("[")[0]) for name in names}
+    return kinds.pop() if len(kinds) == 1 else fleet_class
+
+
 def fit(tables, spec=None, *, draws: int | None = None, tune: int | None = None,
         chains: int = 2, sampler: str = "auto", random_seed: int = 0, progress: bool = True,
-        target_accept: float | None = None) -> xr.DataTree:
+        target_accept: float | None = None, population_prior=None) -> xr.DataTree:
     """Fit a model to trace tables and return its posterior as a self-describing DataTree.
 
     Parameters
@@ -462,6 +532,12 @@ def fit(tables, spec=None, *, draws: int | None = None, tune: int | None = None,
         NUTS target acceptance rate in (0, 1) (nutpie and PyMC); higher takes smaller steps,
         the usual cure for divergent transitions. ``None``: the model's choice (0.8, or 0.9
         for models whose geometry needs it).
+    population_prior
+        A fitted posterior of the same fleet (path or DataTree; typically a per-GPU benchmark
+        of many nodes) or a :class:`~bayesprism.population_prior.PopulationPrior`: its node,
+        GPU and GPU×step-episode population parameters become the prior of this fit's
+        (:mod:`bayesprism.population_prior`; kernel-level models). The notes say what was
+        carried over.
 
     Returns
     -------
@@ -530,6 +606,16 @@ def fit(tables, spec=None, *, draws: int | None = None, tune: int | None = None,
         inventory = stats.inventory.copy()
         digest = stats.input_digest
     model = build(prepared, spec)
+    prior_key = ""
+    if population_prior is not None:
+        if spec.kind != "kernel":
+            raise InputError(Problem("fit", "population_prior", "needs a kernel-level spec",
+                                     example=spec.name))
+        prior = population_prior_for(population_prior, prepared)
+        notes = add_population_prior(prior, prepared, spec, model)
+        prepared.attrs["notes"] = [*prepared.attrs.get("notes", []), *notes]
+        prepared.attrs["population_prior"] = prior.to_json()
+        prior_key = prior.to_json()
     mass_matrix = str(prepared.attrs.get("mass_matrix", "diag"))
     if tune is None or draws is None:  # the model's size and adaptation decide
         default_tune, default_draws = default_length(
@@ -543,7 +629,7 @@ def fit(tables, spec=None, *, draws: int | None = None, tune: int | None = None,
                "target_accept": float(target_accept if target_accept is not None
                                       else prepared.attrs.get("target_accept", 0.8)),
                "mass_matrix": mass_matrix}
-    tree = _sample(model, sampler, cache_key=(spec.spec_hash(), digest), **options)
+    tree = _sample(model, sampler, cache_key=(spec.spec_hash(), digest + prior_key), **options)
     restart = minor_mode_restart(tree, model) if sampler == "nutpie" else None
     if restart is not None:
         tree = _sample(model, sampler, start=restart.pop("start"), **options)

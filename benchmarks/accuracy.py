@@ -288,7 +288,19 @@ def refsim_case(folder: Path, name: str, args, rows: list, refsim_rows: list) ->
     truth = json.loads((folder / "truth.json").read_text())["targets"]
     paths = [folder / "traces"] + [folder / extra for extra in args.refsim_extra]
     table = bp.read_traces(paths, progress=False)
-    post, seconds = fit(table, args.refsim_spec, args)
+    prior = args.refsim_prior
+    if prior == "":  # the fleet's per-GPU benchmark fitted on its own first
+        start = time.perf_counter()
+        prior = bp.fit(bp.read_traces(folder / "fleet_gemm_bench.csv.gz", progress=False),
+                       random_seed=args.seed, progress=False)
+        print(f"fleet benchmark fit: {time.perf_counter() - start:.0f} s", flush=True)
+    if prior is None:
+        post, seconds = fit(table, args.refsim_spec, args)
+    else:
+        start = time.perf_counter()
+        post = bp.fit(table, args.refsim_spec, random_seed=args.seed, progress=False,
+                      population_prior=prior)
+        seconds = time.perf_counter() - start
     # the traced job (its schedule and optimizer sharding, as the CLI's --dp does) at each
     # target's layout
     traced = json.loads(post["inventory"].attrs["traced_plan"])
@@ -392,6 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refsim-extra", nargs="*", default=[],
                         help="inputs beside the traces fitted jointly in the refsim case, "
                              "e.g. nccl_bench.csv")
+    parser.add_argument("--refsim-prior", nargs="?", const="", default=None,
+                        metavar="FLEET.nc",
+                        help="the refsim case's fleet populations as the traces' prior: a "
+                        "fitted fleet posterior, or no value: fit fleet_gemm_bench.csv.gz first")
     parser.add_argument("--refsim-spec", default="default", metavar="NAME|FILE",
                         help="model spec of the refsim case (default: default), e.g. lasting")
     parser.add_argument("--variants", nargs="*", default=None,

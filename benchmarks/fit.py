@@ -15,6 +15,8 @@ the same model on a subsample.
     python benchmarks/fit.py --dev --with-nccl   # ... fitted jointly with its nccl-tests sweep
     python benchmarks/fit.py --dev --with-nccl --with-fleet  # ... and the fleet GEMM benchmark
     python benchmarks/fit.py --dev --spec lasting   # ... with another model spec
+    python benchmarks/fit.py --dev --fleet-prior    # ... the fleet benchmark fitted first, its
+                                                    # populations as the traces' prior
 
 ``--dev`` fits the traced TP 8 × PP 4 × DP 2 job (64 Kineto rank files, 835 k launches; with
 ``--with-nccl`` also its nccl-tests sweep, as benchmarks before this option did; with
@@ -89,13 +91,26 @@ DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "simulated" / "m
 
 
 def dev_case(draws: int | None, tune: int | None, seed: int, with_nccl: bool = False,
-             with_fleet: bool = False, spec: str | None = None) -> int:
+             with_fleet: bool = False, spec: str | None = None,
+             fleet_prior: str | None = None) -> int:
     """Ingest and fit the traced 3D job (and its nccl-tests sweep, its fleet GEMM benchmark);
     print seconds and convergence. ``None``: ``bayesprism.fit``'s default draws, warm-up or
-    spec."""
+    spec. ``fleet_prior``: a fitted fleet posterior whose populations are the traces' prior,
+    or ``""``: fit the fleet GEMM benchmark first (timed apart)."""
     import bayesprism as bp
     from bayesprism.inference import convergence_summary
 
+    prior = None
+    if fleet_prior == "":
+        t0 = time.perf_counter()
+        prior = bp.fit(bp.read_traces(DEV / "fleet_gemm_bench.csv.gz", progress=False),
+                       random_seed=seed, progress=False)
+        conv = convergence_summary(prior)
+        print(f"fleet benchmark fit {time.perf_counter() - t0:.1f} s: max R-hat "
+              f"{conv['max_rhat']:.3f}, min bulk ESS {conv['min_ess_bulk']:.0f}, divergences "
+              f"{conv['divergences']}", flush=True)
+    elif fleet_prior is not None:
+        prior = fleet_prior
     t0 = time.perf_counter()
     inputs = [DEV / "traces", *([DEV / "nccl_bench.csv"] if with_nccl else []),
               *([DEV / "fleet_gemm_bench.csv.gz"] if with_fleet else [])]
@@ -103,7 +118,8 @@ def dev_case(draws: int | None, tune: int | None, seed: int, with_nccl: bool = F
     t1 = time.perf_counter()
     print(f"ingest {t1 - t0:.1f} s: {len(table):,} rows", flush=True)
     given = {k: v for k, v in (("draws", draws), ("tune", tune)) if v is not None}
-    post = bp.fit(table, spec, **given, random_seed=seed, progress=False)
+    post = bp.fit(table, spec, **given, random_seed=seed, progress=False,
+                  population_prior=prior)
     t2 = time.perf_counter()
     conv = convergence_summary(post)
     print(f"fit {t2 - t1:.1f} s (spec {spec or 'default'}, sampler {post.attrs.get('sampler')}, "
@@ -136,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --dev: fit its nccl-tests sweep jointly")
     parser.add_argument("--with-fleet", action="store_true",
                         help="with --dev: fit its fleet GEMM benchmark jointly")
+    parser.add_argument("--fleet-prior", nargs="?", const="", default=None, metavar="FLEET.nc",
+                        help="with --dev: the fleet benchmark's populations as the traces' "
+                        "prior (a fitted fleet posterior, or no value: fit the benchmark first)")
     parser.add_argument("--spec", default=None, metavar="NAME|FILE",
                         help="with --dev: the model spec (default: bayesprism.fit's)")
     args = parser.parse_args(argv)
@@ -143,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--spec is for --dev (the synthetic case fits the default spec)")
     if args.dev:
         return dev_case(args.draws, args.tune, args.seed, args.with_nccl, args.with_fleet,
-                        args.spec)
+                        args.spec, args.fleet_prior)
     args.draws = 1000 if args.draws is None else args.draws
     args.tune = 300 if args.tune is None else args.tune
     shape = (8, 8, 10, 10, 20) if args.quick else (64, 8, 20, 20, 50)

@@ -601,3 +601,21 @@ def fitted(sampler: str = "pymc", draws: int = 200, tune: int = 200, seed: int =
         tree = fit(tiny_kernel_table(), tiny_spec(), draws=draws, tune=tune, chains=2,
                    sampler=sampler, random_seed=seed, progress=False)
     return tree, list(caught)
+
+
+def unit_grid_table(nodes: int, gpus: int, steps: int, launches: int, log_us,
+                    kernel: str = "gemm") -> pd.DataFrame:
+    """One GEMM kernel's ``launches`` per GPU-step on a nodes × GPUs × steps grid (one run);
+    ``log_us(node, gpu, step)`` gives each launch's log duration from their index arrays."""
+    nn, gg, ss, _ = (a.ravel() for a in np.meshgrid(
+        np.arange(nodes), np.arange(gpus), np.arange(steps), np.arange(launches),
+        indexing="ij"))
+    table = pd.DataFrame({
+        "run": pd.Categorical(np.full(nn.size, "r0")), "step": ss, "rank": nn * gpus + gg,
+        "node": pd.Categorical([f"n{n:02d}" for n in nn]), "gpu": gg,
+        "kernel": pd.Categorical(np.full(nn.size, kernel)),
+        "kernel_class": pd.Categorical(np.full(nn.size, "gemm")),
+        "duration_us": np.exp(log_us(nn, gg, ss)),
+    })
+    table.attrs = {"schema_version": 1, "skipped": {}, "notes": [], "runs": {}}
+    return validate_table(table)

@@ -42,6 +42,7 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("bayesprism.inventory", "base"),
     ("bayesprism.posterior", "base"),
     ("bayesprism.layout_prior", "base"),
+    ("bayesprism.population_prior", "base"),
     ("bayesprism", "api"),
 )
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from posterior_builders import unit_grid_table
 
 from bayesprism.forecast.population import draw_effects
-from bayesprism.schema import validate_table
 from bayesprism.spec import ModelSpec
 
 CORE_SD = 0.01
@@ -21,19 +21,12 @@ def fleet_table(nodes: int = 30, gpus: int = 2, steps: int = 4, seed: int = 3) -
     node = CORE_SD * rng.standard_normal(nodes)
     for n, slow in DEGRADED.items():
         node[n] = slow
-    nn, gg, ss, _ = (a.ravel() for a in np.meshgrid(
-        np.arange(nodes), np.arange(gpus), np.arange(steps), np.arange(3), indexing="ij"))
-    log_us = (np.log(500.0) + node[nn] + 0.003 * rng.standard_normal((nodes, gpus))[nn, gg]
-              + 0.005 * rng.standard_normal(steps)[ss] + 0.01 * rng.standard_normal(nn.size))
-    table = pd.DataFrame({
-        "run": pd.Categorical(np.full(nn.size, "r0")), "step": ss, "rank": nn * gpus + gg,
-        "node": pd.Categorical([f"n{n:02d}" for n in nn]), "gpu": gg,
-        "kernel": pd.Categorical(np.full(nn.size, "gemm")),
-        "kernel_class": pd.Categorical(np.full(nn.size, "gemm")),
-        "duration_us": np.exp(log_us),
-    })
-    table.attrs = {"schema_version": 1, "skipped": {}, "notes": [], "runs": {}}
-    return validate_table(table)
+    return unit_grid_table(
+        nodes, gpus, steps, 3,
+        lambda nn, gg, ss: (np.log(500.0) + node[nn]
+                            + 0.003 * rng.standard_normal((nodes, gpus))[nn, gg]
+                            + 0.005 * rng.standard_normal(steps)[ss]
+                            + 0.01 * rng.standard_normal(nn.size)))
 
 
 @pytest.fixture(scope="module")

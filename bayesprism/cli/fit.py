@@ -49,6 +49,10 @@ def register(sub) -> None:
                         "when the fit reports divergences (default: the model's, 0.8 or 0.9)")
     parser.add_argument("--sampler", choices=("auto", "nutpie", "pymc", "advi"), default="auto",
                         help="sampler (default auto: nutpie when installed)")
+    parser.add_argument("--population-prior", type=Path, default=None, metavar="FLEET.nc",
+                        help="a fitted posterior of the same fleet (e.g. of its per-GPU "
+                        "benchmark): its node, GPU and GPU-step episode populations become "
+                        "this fit's prior (kernel-level specs)")
     add_layout_option(parser, "every run of the inputs, raw traces and Parquet tables "
                       "alike")
     add_columns_option(parser)
@@ -80,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
     if args.target_accept is not None and not 0 < args.target_accept < 1:
         problems.append(Problem("arguments", "--target-accept", "must be between 0 and 1 "
                                 "(exclusive)", example=args.target_accept))
+    if args.population_prior is not None and not args.population_prior.is_file():
+        problems.append(Problem(str(args.population_prior), "--population-prior",
+                                "no such file"))
     try:
         check_outputs((args.output, "-o"))
     except InputError as exc:
@@ -106,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("always")
         tree = fit(tables, args.spec, draws=args.draws, tune=args.tune, chains=args.chains,
                    sampler=args.sampler, random_seed=args.random_seed, progress=progress,
-                   target_accept=args.target_accept)
+                   target_accept=args.target_accept, population_prior=args.population_prior)
         # a node or GPU its level cannot hold distorts the fit (or keeps it from converging)
         off_pattern = off_pattern_notes(tree)
         for note in off_pattern:

@@ -1,0 +1,242 @@
+"""A fleet's unit populations, learned by one fit, as the prior of another fit on that fleet.
+
+A traced job holds a few nodes: 8 nodes and 64 GPUs say little about how often a node or a GPU
+of the fleet is slow, which is what a forecast on new nodes at 10^4 GPUs turns on. A per-GPU
+benchmark of the fleet (``fleet_gemm_bench.csv``: hundreds of nodes, a few sessions each) does
+say it, and its own fit (``bayesprism fit bench.csv -o fleet.nc``) takes minutes on its
+thousands of unit effects. This module summarises such a fitted posterior's population
+parameters so that the traced job's fit uses them as its prior (sequential Bayes, with the
+fleet's posterior approximated parameter by parameter):
+
+* ``node_scale``, ``gpu_scale``: the population scale of the class both fits launch
+  (:attr:`PopulationPrior.kernel_class`; a benchmark's ``"benchmark"`` rows are read as the class
+  of their kernel), lognormal;
+* ``node_nu``, ``gpu_nu``: a Student-t population's ν, ``log(ν − 1)`` normal;
+* ``gpustep_slow_weight``: the share of GPU-steps in an episode, logit-normal (a benchmark
+  session is one GPU-step: its repeats are launches of one state of the GPU);
+* ``gpustep_episode_shift``, ``gpustep_episode_spread``: an episode's log shift and extra log
+  sd in the class's units (``gpustep_slow_shift`` and ``√(gpustep_slow_sd² − 1)`` times the
+  class's GPU×step scale), lognormal.
+
+The core scale of the GPU×step level is not carried over: a benchmark session lasts seconds of
+one kernel, a training step a mix of kernels, and their GPU-step noises differ (dev fleet:
+0.07 % against 0.01 % in its traced run). Unit effects are not carried over either: a traced
+node's effect is learned from its own launches, and new nodes come from the population.
+
+The second fit adds each normal as a potential on the transformed parameter, so the fleet's
+posterior multiplies the traced fit's own (weak) prior rather than replacing it; over the range
+of a fleet posterior from hundreds of nodes those priors are nearly flat.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import xarray as xr
+
+from bayesprism.errors import InputError, Problem
+from bayesprism.posterior import flat_draws
+
+#: Transforms under which a parameter's fleet posterior is taken as normal.
+TRANSFORMS: tuple[str, ...] = ("log", "log_minus_one", "logit")
+#: Population families whose ν is a parameter.
+NU_FAMILIES: tuple[str, ...] = ("student_t",)
+#: GPU×step populations with episodes (``bayesprism.spec.EPISODE_POPULATIONS``).
+EPISODE_FAMILIES: tuple[str, ...] = ("degraded", "lasting")
+
+
+@dataclass(frozen=True)
+class ParameterPrior:
+    """Normal approximation of one parameter's fleet posterior under ``transform``.
+
+    Examples
+    --------
+    >>> ParameterPrior("gpu_scale", "log", math.log(0.014), 0.02).median
+    0.014
+    """
+
+    name: str
+    transform: str
+    mean: float
+    sd: float
+
+    @property
+    def median(self) -> float:
+        """The parameter's median on its own scale."""
+        value = {"log": math.exp, "log_minus_one": lambda m: 1.0 + math.exp(m),
+                 "logit": lambda m: 1.0 / (1.0 + math.exp(-m))}[self.transform](self.mean)
+        return round(value, 12)
+
+
+@dataclass(frozen=True)
+class PopulationPrior:
+    """The population parameters of a fitted fleet, for another fit of the same fleet.
+
+    Attributes
+    ----------
+    source
+        Where the fleet posterior came from (a path), for notes and messages.
+    kernel_class
+        The class the scales and episode sizes are measured on (a class of the traced job).
+    families
+        Population family of each level in the fleet fit (``{"node": "student_t", ...}``).
+    parameters
+        One :class:`ParameterPrior` per carried-over parameter.
+    input_digest
+        The fleet posterior's input digest (its data), so that a fit records which fleet
+        informed it.
+
+    Examples
+    --------
+    >>> prior = PopulationPrior("fleet.nc", "gemm", {"gpu": "student_t"},
+    ...                         (ParameterPrior("gpu_scale", "log", -4.3, 0.03),), "abc")
+    >>> PopulationPrior.from_json(prior.to_json()) == prior
+    True
+    """
+
+    source: str
+    kernel_class: str
+    families: dict
+    parameters: tuple[ParameterPrior, ...]
+    input_digest: str = ""
+
+    def to_json(self) -> str:
+        """The prior as one JSON string (stored in a posterior's attrs)."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> PopulationPrior:
+        """Read back :meth:`to_json`."""
+        data = json.loads(text)
+        data["parameters"] = tuple(ParameterPrior(**p) for p in data["parameters"])
+        return cls(**data)
+
+    def parameter(self, name: str) -> ParameterPrior | None:
+        """The prior of ``name``, or ``None`` when the fleet fit did not carry it."""
+        return next((p for p in self.parameters if p.name == name), None)
+
+
+def _normal_of(name: str, transform: str, values: np.ndarray) -> ParameterPrior:
+    """Moments of the transformed draws (finite ones) as a :class:`ParameterPrior`."""
+    values = np.asarray(values, dtype=float)
+    if transform == "log":
+        z = np.log(values)
+    elif transform == "log_minus_one":
+        z = np.log(values - 1.0)
+    else:
+        z = np.log(values) - np.log1p(-values)
+    z = z[np.isfinite(z)]
+    return ParameterPrior(name, transform, float(z.mean()), float(max(z.std(ddof=1), 1e-6)))
+
+
+def check_kernel_posterior(posterior: xr.DataTree, source: str) -> None:
+    """Raise :class:`InputError` unless ``posterior`` is a fitted kernel-level posterior.
+
+    Examples
+    --------
+    >>> try:
+    ...     check_kernel_posterior(xr.DataTree(), "fleet.nc")
+    ... except InputError as exc:
+    ...     print(exc)
+    fleet.nc: model_kind: a population prior needs a kernel-level posterior
+    """
+    if posterior.attrs.get("model_kind") != "kernel" or "posterior" not in posterior.children:
+        raise InputError(Problem(source, "model_kind", "a population prior needs a kernel-level "
+                                 "posterior", example=posterior.attrs.get("model_kind")))
+
+
+def fleet_classes(posterior: xr.DataTree) -> list[str]:
+    """Kernel classes of a fitted kernel-level posterior, most launches first.
+
+    Examples
+    --------
+    >>> tree = xr.DataTree.from_dict({"posterior": xr.Dataset(coords={
+    ...     "kernel_class": ["gemm", "norm"]})})
+    >>> fleet_classes(tree)
+    ['gemm', 'norm']
+    """
+    post = posterior["posterior"].to_dataset()
+    classes = [str(c) for c in post["kernel_class"].to_numpy()] if "kernel_class" in post.coords \
+        else []
+    if "constant_data" in posterior.children and classes:
+        data = posterior["constant_data"].to_dataset()
+        if {"kernel_class_of_kernel", "cell_kernel", "cell_n"} <= set(data.data_vars):
+            per_kernel = np.bincount(data["cell_kernel"].to_numpy(),
+                                     weights=data["cell_n"].to_numpy(),
+                                     minlength=data.sizes["kernel"])
+            launches = np.bincount(data["kernel_class_of_kernel"].to_numpy(),
+                                   weights=per_kernel, minlength=len(classes))
+            classes = [classes[i] for i in np.argsort(-launches, kind="stable")]
+    return classes
+
+
+def population_prior_from(posterior: xr.DataTree, kernel_class: str, fleet_class: str,
+                          source: str = "population prior") -> PopulationPrior:
+    """Summarise a fitted kernel-level posterior's populations as a :class:`PopulationPrior`.
+
+    Parameters
+    ----------
+    posterior
+        A posterior of ``bayesprism.fit`` (kernel-level), typically of a fleet benchmark.
+    kernel_class
+        The class of the fit that will use the prior which ``fleet_class`` measures.
+    fleet_class
+        The posterior's class whose scales are carried over (see :func:`fleet_classes`).
+    source
+        Named in notes and errors.
+
+    Raises
+    ------
+    InputError
+        Not a kernel-level posterior, ``fleet_class`` not among its classes, or no population
+        level fitted.
+
+    Examples
+    --------
+    >>> import bayesprism as bp  # doctest: +SKIP
+    >>> fleet = bp.load("fleet.nc")  # doctest: +SKIP
+    >>> population_prior_from(fleet, "gemm", "benchmark", "fleet.nc").families  # doctest: +SKIP
+    {'gpu': 'student_t', 'gpustep': 'degraded', 'node': 'student_t'}
+    """
+    check_kernel_posterior(posterior, source)
+    post = posterior["posterior"].to_dataset()
+    attrs = {**dict(posterior.attrs), **dict(post.attrs)}
+    classes = [str(c) for c in post["kernel_class"].to_numpy()] \
+        if "kernel_class" in post.coords else []
+    if fleet_class not in classes:
+        raise InputError(Problem(source, "kernel_class", "not a class of the posterior "
+                                 f"(it has {', '.join(classes) or 'none'})", example=fleet_class))
+
+    def at_class(name: str) -> np.ndarray:
+        return flat_draws(post[name].sel(kernel_class=fleet_class))
+
+    families: dict[str, str] = {}
+    parameters: list[ParameterPrior] = []
+    for level in ("node", "gpu"):
+        family = attrs.get(f"{level}_population")
+        if family is None or f"{level}_scale" not in post:
+            continue
+        families[level] = str(family)
+        parameters.append(_normal_of(f"{level}_scale", "log", at_class(f"{level}_scale")))
+        if family in NU_FAMILIES and f"{level}_nu" in post:
+            parameters.append(_normal_of(f"{level}_nu", "log_minus_one",
+                                         flat_draws(post[f"{level}_nu"])))
+    family = attrs.get("gpustep_population")
+    if family in EPISODE_FAMILIES and "gpustep_slow_weight" in post:
+        families["gpustep"] = str(family)
+        scale = at_class("gpustep_scale")
+        extra_sd = np.sqrt(np.maximum(flat_draws(post["gpustep_slow_sd"]) ** 2 - 1.0, 0.0))
+        parameters += [
+            _normal_of("gpustep_slow_weight", "logit", flat_draws(post["gpustep_slow_weight"])),
+            _normal_of("gpustep_episode_shift", "log",
+                       flat_draws(post["gpustep_slow_shift"]) * scale),
+            _normal_of("gpustep_episode_spread", "log", extra_sd * scale)]
+    if not parameters:
+        raise InputError(Problem(source, "populations", "the posterior fitted no node, GPU or "
+                                 "GPU-step population to carry over"))
+    return PopulationPrior(source=source, kernel_class=kernel_class, families=families,
+                           parameters=tuple(parameters),
+                           input_digest=str(posterior.attrs.get("input_digest", "")))
