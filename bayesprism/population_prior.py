@@ -63,6 +63,14 @@ class ParameterPrior:
     mean: float
     sd: float
 
+    def __post_init__(self) -> None:
+        if self.transform not in TRANSFORMS:
+            raise ValueError(f"{self.name}: transform {self.transform!r} is not one of "
+                             f"{', '.join(TRANSFORMS)}")
+        if not (math.isfinite(self.mean) and math.isfinite(self.sd) and self.sd > 0):
+            raise ValueError(f"{self.name}: the normal needs a finite mean and an sd > 0, got "
+                             f"{self.mean}, {self.sd}")
+
     @property
     def median(self) -> float:
         """The parameter's median on its own scale."""

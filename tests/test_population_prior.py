@@ -205,3 +205,11 @@ def test_cli_fit_with_a_fitted_posterior_as_prior_says_what_it_carried(
     assert f"note: population prior from {tmp_path / 'fleet.nc'} (class gemm): gpu_scale" in out
     # the fleet fit had no node or GPU×step population: nothing of theirs is claimed
     assert "node_scale" not in out and "gpustep_slow_weight" not in out
+
+
+def test_a_parameter_prior_is_a_proper_normal_under_a_known_transform():
+    with pytest.raises(ValueError, match="gpu_scale: transform 'sqrt' is not one of log, "
+                       "log_minus_one, logit"):
+        ParameterPrior("gpu_scale", "sqrt", 0.0, 1.0)
+    with pytest.raises(ValueError, match=re.escape("an sd > 0, got -4.0, 0.0")):
+        ParameterPrior("gpu_scale", "log", -4.0, 0.0)
