@@ -285,7 +285,12 @@ def test_several_sources_share_nodes_and_add_their_own_class(small_table):
     group_of = dict(zip(gpus, prepared.data["gpu_group"], strict=True))
     assert group_of["n00/0"] == group_of["n00/1"] != group_of["n00/0/benchmark"]
     assert _launch_shares(prepared, "gpu") is not None
-    assert _launch_shares(prepare([small_table], ModelSpec()), "gpu") is None
+    alone = prepare([small_table], ModelSpec())
+    assert _launch_shares(alone, "gpu") is None
+    # the two-stage fit is suggested where it applies, and only there
+    hint = "fitting the benchmark alone and passing its posterior as --population-prior"
+    assert any(hint in note for note in prepared.attrs["notes"])
+    assert not any(hint in note for note in alone.attrs["notes"])
     model = build(prepared, ModelSpec())
     assert model.named_vars_to_dims["node_effect"] == ("node",)
     assert model.named_vars_to_dims["coll_bandwidth_gbps"] == ("collective", "tier")

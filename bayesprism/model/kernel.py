@@ -525,6 +525,13 @@ def _unit_levels(spec: ModelSpec, keys: _UnitKeys, node_labels: list[str],
         # KS of held-out GPUs 0.21 against 0.08); un-nested, the cabinet scale gets the soft
         # floor that keeps the ridge sampleable (effects.unit_level).
         group_of_unit["node"] = cab_codes
+    if keys.mixed_sources and "gpu" in fitted:
+        # the joint fit's thousands of benchmark effects are slow and have minor modes
+        # (docs/status.md); the two-stage fit carries the same populations over
+        notes.append("per-GPU benchmark rows fitted jointly with traced kernels: fitting the "
+                     "benchmark alone and passing its posterior as --population-prior "
+                     "(fit(population_prior=...)) carries its populations over, faster and "
+                     "converging more reliably")
     return _Levels(units, unit_of_gs, unit_of_gpu, group_of_unit, fitted, notes)
 
 
