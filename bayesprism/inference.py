@@ -614,8 +614,8 @@ def fit(tables, spec=None, *, draws: int | None = None, tune: int | None = None,
         prior = population_prior_for(population_prior, prepared)
         notes = add_population_prior(prior, prepared, spec, model)
         prepared.attrs["notes"] = [*prepared.attrs.get("notes", []), *notes]
-        prepared.attrs["population_prior"] = prior.to_json()
         prior_key = prior.to_json()
+        prepared.attrs["population_prior"] = prior_key
     mass_matrix = str(prepared.attrs.get("mass_matrix", "diag"))
     if tune is None or draws is None:  # the model's size and adaptation decide
         default_tune, default_draws = default_length(

@@ -39,13 +39,29 @@ import xarray as xr
 
 from bayesprism.errors import InputError, Problem
 from bayesprism.posterior import flat_draws
+from bayesprism.spec import EPISODE_POPULATIONS
 
 #: Transforms under which a parameter's fleet posterior is taken as normal.
 TRANSFORMS: tuple[str, ...] = ("log", "log_minus_one", "logit")
 #: Population families whose ν is a parameter.
 NU_FAMILIES: tuple[str, ...] = ("student_t",)
-#: GPU×step populations with episodes (``bayesprism.spec.EPISODE_POPULATIONS``).
-EPISODE_FAMILIES: tuple[str, ...] = ("degraded", "lasting")
+
+
+def transformed(value, transform: str, xp=np):
+    """``(z, log |dz/dx|)`` of a parameter ``value`` under ``transform``, with the array module
+    ``xp`` (NumPy, or PyTensor's ``tensor`` inside a model).
+
+    Examples
+    --------
+    >>> z, log_jacobian = transformed(np.array([0.25]), "logit")
+    >>> round(float(z[0]), 6), round(float(log_jacobian[0]), 6)
+    (-1.098612, 1.673976)
+    """
+    if transform == "log":
+        return xp.log(value), -xp.log(value)
+    if transform == "log_minus_one":
+        return xp.log(value - 1.0), -xp.log(value - 1.0)
+    return xp.log(value) - xp.log1p(-value), -xp.log(value) - xp.log1p(-value)
 
 
 @dataclass(frozen=True)
@@ -129,13 +145,7 @@ class PopulationPrior:
 
 def _normal_of(name: str, transform: str, values: np.ndarray) -> ParameterPrior:
     """Moments of the transformed draws (finite ones) as a :class:`ParameterPrior`."""
-    values = np.asarray(values, dtype=float)
-    if transform == "log":
-        z = np.log(values)
-    elif transform == "log_minus_one":
-        z = np.log(values - 1.0)
-    else:
-        z = np.log(values) - np.log1p(-values)
+    z, _ = transformed(np.asarray(values, dtype=float), transform)
     z = z[np.isfinite(z)]
     return ParameterPrior(name, transform, float(z.mean()), float(max(z.std(ddof=1), 1e-6)))
 
@@ -233,7 +243,7 @@ def population_prior_from(posterior: xr.DataTree, kernel_class: str, fleet_class
             parameters.append(_normal_of(f"{level}_nu", "log_minus_one",
                                          flat_draws(post[f"{level}_nu"])))
     family = attrs.get("gpustep_population")
-    if family in EPISODE_FAMILIES and "gpustep_slow_weight" in post:
+    if family in EPISODE_POPULATIONS and "gpustep_slow_weight" in post:
         families["gpustep"] = str(family)
         scale = at_class("gpustep_scale")
         extra_sd = np.sqrt(np.maximum(flat_draws(post["gpustep_slow_sd"]) ** 2 - 1.0, 0.0))

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from bayesprism.model.prepared import PreparedData
-from bayesprism.population_prior import EPISODE_FAMILIES, NU_FAMILIES, PopulationPrior
-from bayesprism.spec import ModelSpec
+from bayesprism.population_prior import NU_FAMILIES, PopulationPrior, transformed
+from bayesprism.spec import EPISODE_POPULATIONS, ModelSpec
 
 
 def _transformed_logp(value, parameter):
@@ -14,13 +14,7 @@ def _transformed_logp(value, parameter):
     import pymc as pm
     import pytensor.tensor as pt
 
-    if parameter.transform == "log":
-        z, log_jacobian = pt.log(value), -pt.log(value)
-    elif parameter.transform == "log_minus_one":
-        z, log_jacobian = pt.log(value - 1.0), -pt.log(value - 1.0)
-    else:
-        z = pt.log(value) - pt.log1p(-value)
-        log_jacobian = -pt.log(value) - pt.log1p(-value)
+    z, log_jacobian = transformed(value, parameter.transform, pt)
     return pm.logp(pm.Normal.dist(parameter.mean, parameter.sd), z) + log_jacobian
 
 
@@ -46,7 +40,7 @@ def _class_parameters(prior: PopulationPrior, spec: ModelSpec, levels: list[str]
         if family in NU_FAMILIES:
             values[f"{level}_nu"] = model[f"{level}_nu"]
     if "gpustep" in prior.families:
-        if spec.population("gpustep") not in EPISODE_FAMILIES or \
+        if spec.population("gpustep") not in EPISODE_POPULATIONS or \
                 "gpustep_slow_weight" not in model.named_vars:
             skipped.append("gpustep: no GPU×step episodes fitted here")
         else:
