@@ -19,6 +19,7 @@ NumPy/pandas only. Two kinds of inventory:
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -30,6 +31,9 @@ from bayesprism.schema import category_in, string_values
 COLLECTIVE_CLASSES: tuple[str, ...] = (
     "allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv",
 )
+
+#: Parallel roles whose collectives synchronise the ranks of one pipeline stage's group.
+STAGE_GROUP_ROLES: tuple[str, ...] = ("tp", "cp", "ep")
 
 #: Which parallel dimension a collective of each class most likely serves when the group size
 #: matches several of them (e.g. dp == tp): first match wins.
@@ -362,16 +366,18 @@ def _add_spans(part: InventoryPart, rows: pd.DataFrame, base: pd.DataFrame,
             syncs.append((run, step, rank, node[ix[0]],
                           *_rank_segments(ix, start, end, is_coll, kernels)))
     part.frames["syncs"].append(pd.DataFrame(
-        syncs, columns=["run", "step", "rank", "node", "hi0", "cover0", "rest", "colls"]))
+        syncs, columns=["run", "step", "rank", "node", "hi0", "cover0", "rest", "colls",
+                        "covers"]))
 
 
 def _rank_segments(ix: np.ndarray, start: np.ndarray, end: np.ndarray, is_coll: np.ndarray,
-                   kernels: np.ndarray) -> tuple[float, float, np.ndarray, tuple]:
+                   kernels: np.ndarray) -> tuple[float, float, np.ndarray, tuple, np.ndarray]:
     """One rank-step's segments between synchronisations (:func:`_sync_idle`), all but the
     first, whose start (the node's step start) needs the other ranks of the node: for it, its
     end and the time the rank's compute covers before it. The cover does not depend on where
     the segment starts, since every compute launch of the rank starts at or after the node's
-    first one."""
+    first one. Last, the compute each segment covers (the first's included), for
+    :func:`_sync_segments`."""
     ix = ix[np.argsort(start[ix], kind="stable")]
     coll, comp = ix[is_coll[ix]], ix[~is_coll[ix]]
     lo = np.r_[start[ix[0]], end[coll]]
@@ -381,7 +387,8 @@ def _rank_segments(ix: np.ndarray, start: np.ndarray, end: np.ndarray, is_coll: 
     rest = np.where(length > 0, np.maximum(length - cover[1:], 0.0), 0.0)
     # an array, not a tuple of Python floats: 8 bytes a segment instead of 32, for every
     # rank-step of a merged part
-    return float(hi[0]), float(cover[0]), rest, tuple(kernels[coll])
+    # the covers in float32 (a work-weighted mean of them is all that is kept)
+    return float(hi[0]), float(cover[0]), rest, tuple(kernels[coll]), cover.astype(np.float32)
 
 
 def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
@@ -505,8 +512,9 @@ def inventory_of_parts(part: InventoryPart, attrs: dict, *, mapping: dict | None
                                                               strict=True)},
                         key=_step_unit_key)
     span, step_span, span_note = _spans(part, frame, step_units, ranks)
-    idle, sync_role = _sync_idle(part, frame, step_units, ranks, dict(zip(kernels, roles,
-                                                                         strict=True)))
+    role_of = dict(zip(kernels, roles, strict=True))
+    idle, sync_role = _sync_idle(part, frame, step_units, ranks, role_of)
+    segment_us, segment_share = _sync_segments(part, frame, role_of)
     run_names = sorted(set(launch["run"]))
     platforms = sorted({str(m.get("platform")) for m in (attrs.get("runs") or {}).values()
                         if m.get("platform")})
@@ -528,6 +536,8 @@ def inventory_of_parts(part: InventoryPart, attrs: dict, *, mapping: dict | None
             "traced_step_span_us": ("step_unit", step_span),
             "traced_idle_us": (("step_unit", "rank", "sync"), idle),
             "sync_role": ("sync", sync_role),
+            "sync_segment_us": ((), segment_us),
+            "sync_segment_share": ((), segment_share),
         },
         coords={"kernel": np.array(kernels, dtype=object), "rank": np.array(ranks),
                 "pp_stage": np.arange(part.max_stage + 1),
@@ -650,6 +660,52 @@ def _sync_idle(part: InventoryPart, frame, step_units: list, ranks: list,
         found = [role_of[colls[j]] for colls in syncs["colls"] if len(colls) > j]
         sync_role.append(str(_mode(pd.Series(1, index=found))) if found else "unknown")
     return idle, np.array([*sync_role, "step"], dtype=object)
+
+
+def _sync_segments(part: InventoryPart, frame, role_of: dict[str, str]) -> tuple[float, float]:
+    """How a rank's compute falls between the synchronisations of its stage group.
+
+    The ranks of a tensor-, context- or expert-parallel group (:data:`STAGE_GROUP_ROLES`) meet
+    at each of their collectives, so each waits there for the slowest member's compute since
+    the previous one: a segment is the compute a rank covers from one such collective to the
+    next (other collectives, e.g. pipeline transfers, do not end it). Over all traced
+    rank-steps, the work-weighted mean segment length ``sum b^2 / sum b`` (µs) and the share
+    of the ranks' compute in segments that end at a group collective; both NaN without
+    ``start_us`` or without such collectives. The composition turns them into the waiting
+    that launch-to-launch noise adds at every such collective
+    (``bayesprism.forecast.composition``).
+
+    Examples
+    --------
+    3 µs of compute before a TP collective, 1 µs before a pipeline transfer and 1 µs more
+    before the next TP collective (one segment of 2 µs), 2 µs after it to the step's end:
+
+    >>> import types
+    >>> syncs = pd.DataFrame({"covers": [np.array([3.0, 1.0, 1.0, 2.0])],
+    ...                       "colls": [("ag", "send", "ag")]})
+    >>> part = types.SimpleNamespace(starts=True)
+    >>> _sync_segments(part, lambda name: syncs, {"ag": "tp", "send": "pp"})
+    (2.6, 0.7142857142857143)
+    """
+    syncs = frame("syncs") if part.starts else None
+    if syncs is None or not len(syncs) or "covers" not in syncs:
+        return math.nan, math.nan
+    grouped = {name for name, role in role_of.items() if role in STAGE_GROUP_ROLES}
+    total, work, square = [], [], []
+    for covers, colls in zip(syncs["covers"], syncs["colls"], strict=True):
+        ends = np.flatnonzero(np.fromiter((name in grouped for name in colls), bool,
+                                          len(colls)))
+        total.append(float(covers.sum()))
+        if ends.size:
+            done = np.cumsum(covers)[ends]
+            segments = np.diff(done, prepend=0.0)
+            work.append(float(done[-1]))
+            square.append(float(segments @ segments))
+    # exact sums: the same whatever order the parts of a streamed ingest arrive in
+    work_us = math.fsum(work)
+    if work_us <= 0.0:
+        return math.nan, math.nan
+    return math.fsum(square) / work_us, work_us / math.fsum(total)
 
 
 def _step_unit_key(label: str) -> tuple[str, int]:

@@ -61,10 +61,37 @@ def test_kernel_inventory_exact_values():
     np.testing.assert_allclose(inv["traced_idle_us"].values,
                                [[[5, 0], [10, 0], [1, 0]], [[5, 0], [5, 0], [np.nan, np.nan]]])
     assert list(inv["sync_role"].values) == ["dp", "step"]
+    # data-parallel collectives only: no stage group meets inside the step
+    assert np.isnan(inv["sync_segment_us"]) and np.isnan(inv["sync_segment_share"])
     plan = json.loads(inv.attrs["traced_plan"])
     assert plan == {"dp": 3, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "microbatches": None,
                     "gpus_per_node": 2, "world_size": 3}
     assert inv.attrs["run"] == "r" and inv.attrs["platform"] == "V100"
+
+
+def test_compute_segments_between_tensor_parallel_collectives():
+    """Each rank's compute from one TP collective to the next (a segment its group waits on):
+    rank 0 covers 20 µs (two GEMMs) before the AllGather and 6 µs before the ReduceScatter,
+    then 5 µs to the step's end; rank 1 covers 8 and 4 µs."""
+    rows = [
+        (0, 0, "g", "gemm", 0, 10), (0, 0, "g", "gemm", 12, 10), (0, 0, "ag", "allgather", 25, 5),
+        (0, 0, "g", "gemm", 30, 6), (0, 0, "rs", "reducescatter", 40, 5),
+        (0, 0, "g", "gemm", 45, 5),
+        (1, 1, "g", "gemm", 0, 8), (1, 1, "ag", "allgather", 25, 5), (1, 1, "g", "gemm", 30, 4),
+        (1, 1, "rs", "reducescatter", 40, 5),
+    ]
+    df = pd.DataFrame(rows, columns=["rank", "gpu", "kernel", "kernel_class", "start_us",
+                                     "duration_us"])
+    df = df.assign(run="r", node="a", step=0, bytes=np.where(df["kernel"] == "g", np.nan, 64.0),
+                   group_size=np.where(df["kernel"] == "g", np.nan, 2.0))
+    df.attrs = empty_attrs()
+    df.attrs["runs"] = {"r": {"platform": "H100", "world_size": 2,
+                              "plan": {"dp": 1, "tp": 2, "pp": 1}}}
+    inv = kernel_inventory(validate_table(df))
+    assert set(inv["role"].sel(kernel=["ag", "rs"]).values) == {"tp"}
+    segments = np.array([20.0, 6.0, 8.0, 4.0])
+    assert float(inv["sync_segment_us"]) == pytest.approx((segments**2).sum() / segments.sum())
+    assert float(inv["sync_segment_share"]) == pytest.approx(segments.sum() / (31.0 + 12.0))
 
 
 def test_kernel_inventory_without_plan_defaults_dp_to_world_size():

@@ -165,7 +165,8 @@ def test_an_inventory_part_is_small_beside_its_syncs(dev_files):
     """Issue 20: a Dask worker merging inventory parts grew with the number of files (610 MB
     at 1,024 generated rank files, 213 MB at 64): a part held each sync's idle as a Python
     float and each synchronising kernel's name as its own string. A rank file's part now
-    pickles to about 8 bytes a sync segment plus one pointer a name (was ~3x that)."""
+    pickles to about 12 bytes a sync segment (its idle, and its compute cover in float32)
+    plus one pointer a name (was ~2x that)."""
     import pickle
 
     import bayesprism as bp

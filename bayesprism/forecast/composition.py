@@ -35,8 +35,15 @@ and so do the collectives over all ranks. A stage whose data-parallel collective
 time behind the other stages' backward, as the per-stage finish times below say.
 
 A synchronisation ends when its last member arrives, plus the transfer: the tensor-parallel
-group of a stage runs each micro-batch at the pace of its slowest member (max of sums over the
-micro-batch, exact when variability persists over the step), the pipeline is the max-plus
+group of a stage runs each micro-batch at the pace of its slowest member, and at each of its
+collectives waits for the member whose compute since the previous one came out slowest: the
+launch-to-launch noise of a segment (relative sd ``kappa`` from the launches' residual
+variance per µs of work and the traced work-weighted mean segment between the group's
+collectives, ``sync_segment_us`` of the inventory; ``bayesprism.forecast.workload``) adds
+``kappa * E[max_r((m_r - M) / kappa + z_r)]`` to the group's multiplier ``M = max_r m_r`` on
+the share of the work in such segments (``bayesprism.forecast.groupwait``: the sum of the
+segments' maxima, not the maximum of the sums, which equal members' noise makes the larger
+by about ``1.4 kappa`` of the work for 8 members), the pipeline is the max-plus
 recursion of ``bayesprism.schedules`` per data-parallel replica, the data-parallel collectives
 start when the last replica finishes its backward, and the step ends after the slowest rank's
 optimizer step (and the parameter AllGather under sharding).
@@ -147,6 +154,7 @@ from scipy import special
 from bayesprism.errors import InputError, Problem
 from bayesprism.forecast.draws import StepDraws
 from bayesprism.forecast.extremes import RankLaw, top_node_log_multipliers
+from bayesprism.forecast.groupwait import group_pace
 from bayesprism.forecast.population import (
     draw_effects,
     episode_effect,
@@ -445,6 +453,13 @@ def _stage_times(model: PlanModel, shared: _Shared, multiplier: np.ndarray, sl):
     return f, (bwd * multiplier + comm_b) / v, None
 
 
+def _noise_of(model: PlanModel, sl: slice, trailing: int) -> np.ndarray | None:
+    """The plan's segment noise of draws ``sl``, against (draws, ``trailing`` more axes)."""
+    if model.sync_noise is None:
+        return None
+    return model.sync_noise[sl].reshape((-1,) + (1,) * trailing)
+
+
 def _exact(model, posterior, cluster, schedule, shared, replicates, streams, log_cap):
     """Simulate every rank: slowest finish, mean and max rank multiplier (D, R) and whether
     the slowdown cap bound in each draw (D,)."""
@@ -470,7 +485,8 @@ def _exact(model, posterior, cluster, schedule, shared, replicates, streams, log
         mult = np.exp(t)
         mean_mult[sl] = mult.mean(axis=-1)
         max_mult[sl] = mult.max(axis=-1)
-        groups = mult.reshape(stop - start, replicates, plan.pp, plan.dp, q).max(axis=-1)
+        groups = group_pace(mult.reshape(stop - start, replicates, plan.pp, plan.dp, q),
+                            _noise_of(model, sl, 3), model.sync_share)
         if plan.ep > 1:  # expert all-to-all: ep replicas of a stage advance together
             shape = groups.shape
             coupled = groups.reshape(*shape[:-1], plan.dp // plan.ep, plan.ep).max(axis=-1)
@@ -537,7 +553,8 @@ def _fast(model, posterior, schedule, shared, replicates, streams, log_cap):
         t += shared.step_log[sl][:, :, None, None, None]
         capped[sl] = (t > log_cap).any(axis=(1, 2, 3, 4))
         mult = np.exp(np.minimum(t, log_cap))
-        groups[sl] = mult.max(axis=-1)  # (n, R, n_rep, pp)
+        # (n, R, n_rep, pp)
+        groups[sl] = group_pace(mult, _noise_of(model, sl, 3), model.sync_share)
         mean_mult[sl] = mult.mean(axis=(-1, -2, -3))
     slowest = slowest + shared.step_log[..., None]
     capped |= (slowest > log_cap).any(axis=(1, 2))

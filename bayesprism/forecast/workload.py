@@ -63,6 +63,11 @@ Notation: the traced plan (``inventory.attrs["traced_plan"]``) is ``dp0, tp0, pp
   kernel time (which also holds the waiting inside cost-modelled collectives).
 * Collective kernels without a cost model keep their kernel-model duration
   (``exp(kernel_log_median)``, group size as traced) and are counted as exposed communication.
+* Compute segments between a stage group's collectives (the inventory's ``sync_segment_us``
+  and ``sync_segment_share``) keep their traced length, scaled as a launch's duration (by
+  ``tp0*cp0 / (tp*cp)``); their relative noise ``kappa`` follows from the launches' residual
+  variance per µs of work (:func:`_segment_noise`), and the composition makes the group wait at
+  each segment for its slowest member (``bayesprism.forecast.groupwait``).
 
 Effective loadings
 ------------------
@@ -415,6 +420,11 @@ class PosteriorArrays:
     # "collective/tier") (older posteriors, with one congestion per collective: by collective)
     coll_spread: dict
     idle: IdleLaw
+    # the traced ranks' work-weighted mean compute segment between stage-group collectives
+    # (µs) and the share of their compute in such segments (inventory ``sync_segment_us``,
+    # ``sync_segment_share``; NaN: not known, no waiting from segment noise)
+    sync_segment_us: float = math.nan
+    sync_segment_share: float = math.nan
     # kernel class -> (resid_slow_weight, resid_slow_shift, resid_slow_sd), each (D,): the slow
     # component of a ``mixture`` residual (empty for other likelihoods)
     resid_slow: dict = field(default_factory=dict)
@@ -578,7 +588,13 @@ def _extract_arrays(posterior: xr.DataTree) -> PosteriorArrays:
             for label in (group["coll_pair"].to_numpy() if "coll_pair" in group.coords else ())
             if "/" in str(label)),
         idle=_traced_idle_law(group, inventory, modelled, traced["gpus_per_node"]),
+        sync_segment_us=_scalar(inventory, "sync_segment_us"),
+        sync_segment_share=_scalar(inventory, "sync_segment_share"),
     )
+
+
+def _scalar(inventory: xr.Dataset, name: str) -> float:
+    return float(inventory[name]) if name in inventory else math.nan
 
 
 def _stage_gradients(arrays: PosteriorArrays, rows: list[int], pp: int, shard: float
@@ -698,6 +714,11 @@ class PlanModel:
     idle_mean: np.ndarray | None = None
     idle_var: np.ndarray | None = None
     idle_group: np.ndarray | None = None
+    # (D,) relative launch-to-launch noise of one compute segment between the stage group's
+    # collectives, and the share of the work in such segments (bayesprism.forecast.groupwait);
+    # None: the group waits for its slowest member's step multiplier only
+    sync_noise: np.ndarray | None = None
+    sync_share: float = 0.0
     # GPU×step episodes (weight, shift, sd in core sds), each (D,); None: normal transients
     gpustep_slow: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     # (D,) probability that a node of the plan's allocation has a degraded link; None: never
@@ -741,6 +762,7 @@ def build_plan_model(
                               sums.fallback_names)
     comms = _comm_terms(reading, specs, sums, cluster)
     fwd_bwd_stage, opt = _stage_compute(sums, scaling.by_stage, plan.pp)
+    sync_noise, sync_share = _segment_noise(arrays, sums, scaling)
     law = arrays.idle
     return PlanModel(
         plan=plan,
@@ -755,11 +777,32 @@ def build_plan_model(
         idle_mean=reading.per_draw(law.mean),
         idle_var=np.zeros((reading.draws, len(law.roles))) if typical else law.var,
         idle_group=np.array([sync_group(plan, role) for role in law.roles], dtype=np.int64),
+        sync_noise=sync_noise,
+        sync_share=sync_share,
         gpustep_slow=None if typical else arrays.gpustep_slow,
         degraded_rate=(None if typical or arrays.degraded_link is None
                        else arrays.degraded_link[0]),
         extrapolated=() if typical else extrapolation_notes(arrays, plan, scaling, sums, specs),
     )
+
+
+def _segment_noise(arrays: PosteriorArrays, sums: _KernelSums, scaling: _Scaling
+                   ) -> tuple[np.ndarray | None, float]:
+    """``kappa`` (D,), the relative sd of one compute segment between stage-group
+    collectives, and the share of the work in such segments.
+
+    A rank's launch-to-launch variance per µs of work is ``var_sum / mean_inflation`` (the
+    residual moments of :func:`_effective_residual`); a segment of length ``b`` then has
+    variance ``b`` times that, so with segments of the traced work-weighted mean length
+    ``L`` (scaled like every launch, by the tensor/context-parallel degrees),
+    ``kappa^2 = var_sum / (mean_inflation * L)``. None when the traces give no segments.
+    """
+    length, share = arrays.sync_segment_us, arrays.sync_segment_share
+    if not (np.isfinite(length) and length > 0 and np.isfinite(share) and share > 0):
+        return None, 0.0
+    per_us = np.where(sums.mean_inflation > 0,
+                      sums.var_sum / np.maximum(sums.mean_inflation, 1e-300), 0.0)
+    return np.sqrt(per_us / (length * scaling.duration_factor)), float(min(share, 1.0))
 
 
 def _spans_nodes(span: int, gpus_per_node: int) -> bool:
