@@ -449,3 +449,45 @@ def test_unfitted_degraded_links_keep_their_priors():
     assert np.median(rate) == pytest.approx(1.0 - 0.5 ** (1.0 / b), rel=0.02)
     assert np.mean(slowdown) == pytest.approx(scale * np.sqrt(2.0 / np.pi), rel=0.01)
     assert abs(np.corrcoef(rate, slowdown)[0, 1]) < 0.1
+
+
+@pytest.mark.filterwarnings("ignore::bayesprism.plan.PlanWarning")
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_a_stage_waits_for_the_slowest_of_its_data_parallel_rings(tp):
+    # each of a stage's tp data-parallel groups is its own ring with its own launch noise
+    # (lognormal, sd 0.1 in logs); the congestion of the step moves them together. Two
+    # independent rings: E[max(e^{sX1}, e^{sX2})] = 2 e^{s^2/2} Phi(s/sqrt2) = 1.0618 at
+    # s = 0.1, against the single ring's e^{s^2/2} = 1.0050; four: 1.1057 (numerically).
+    import dataclasses
+
+    from scipy import integrate, stats
+
+    from bayesprism.forecast import composition
+    from bayesprism.forecast.workload import build_plan_model
+
+    s = 0.1
+    model = build_plan_model(_three_stage_job(), ParallelPlan(
+        tp=tp, pp=3, dp=2, microbatches=2, schedule="gpipe", gpus_per_node=tp))
+    noisy = [dataclasses.replace(t, noise_mean_log=np.zeros(model.draws),
+                                 noise_sd_log=np.full(model.draws, s))
+             for t in model.comms]
+    model = dataclasses.replace(model, comms=noisy)
+    det = {t.stage: float(t.det_us[0]) for t in model.comms if t.where == "dp"}
+
+    def expected_max(rings):  # E[max of `rings` iid lognormals], by quadrature
+        def integrand(z):
+            return np.exp(s * z) * rings * stats.norm.pdf(z) * stats.norm.cdf(z) ** (rings - 1)
+        return integrate.quad(integrand, -10, 10)[0]
+
+    assert expected_max(2) == pytest.approx(2 * np.exp(s**2 / 2) * stats.norm.cdf(s / np.sqrt(2)))
+    rng = np.random.default_rng(0)
+    shared = composition._draw_shared(model, 20_000, rng, np.random.default_rng(1))
+    mean = shared.dp_stage_us.mean(axis=(0, 1))
+    assert mean == pytest.approx([det[k] * expected_max(tp) for k in range(3)], rel=2e-3)
+    # congestion alone moves every ring of the step together: no wait between them
+    congested = [dataclasses.replace(t, noise_sd_log=np.zeros(model.draws),
+                                     congestion_sd=np.full(model.draws, s)) for t in noisy]
+    shared = composition._draw_shared(dataclasses.replace(model, comms=congested), 20_000, rng,
+                                      np.random.default_rng(1))
+    assert shared.dp_stage_us.mean(axis=(0, 1)) == pytest.approx(
+        [det[k] * np.exp(s**2 / 2) for k in range(3)], rel=2e-3)
