@@ -53,13 +53,16 @@ RHAT_BORDERLINE = 1.02
 #: the dev job's size: 35, with R-hat 1.83; the dev traces: 0.02; a slowly mixing fit, R-hat
 #: 1.06: 0.14).
 MODE_GAP_SDS = 3.0
-#: ... and a chain this many log units per unconstrained coordinate below the best one sits in a
-#: mode of negligible mass: the gap dwarfs any difference in the modes' widths (each posterior
-#: sd would have to differ e-fold between them to make it up). ``fit`` then samples again with
+#: ... and a chain whose mode holds this many log units less posterior mass than the best
+#: chain's sits in a mode of negligible mass: the gap of mean log densities, less what a wider
+#: mode makes up (the sum over unconstrained coordinates of the log ratio of the chains'
+#: posterior sds, a Gaussian approximation of each mode). ``fit`` then samples again with
 #: every chain started at the best chain's last draw (the traced job twice the dev job's size:
-#: a gap of 429 over 267 coordinates; sampled again, R-hat 1.006 instead of 1.83). Smaller gaps
-#: (a fleet benchmark GPU's minor mode, 19) are only reported.
-DECISIVE_GAP_PER_COORDINATE = 1.0
+#: a gap of 429; sampled again, R-hat 1.006 instead of 1.83; the dev traces at some seeds: a
+#: chain 104-172 log units (10-17 sds) lower, in a mode where a traced GPU's effect sits 4 sds
+#: off, its mass e^-81 and e^-142 of the best chain's). Smaller gaps (a fleet benchmark GPU's
+#: minor mode, 19) are only reported.
+DECISIVE_LOG_MASS_GAP = 20.0
 SAMPLERS: tuple[str, ...] = ("auto", "nutpie", "pymc", "advi", "pathfinder")
 #: Iterations of ADVI (stops earlier when the parameters converge).
 ADVI_ITERATIONS = 30_000
@@ -369,43 +372,94 @@ def chain_logp_gap(tree: xr.DataTree) -> tuple[float, float]:
 def minor_mode_restart(tree: xr.DataTree, model) -> dict | None:
     """Where to sample again when a chain sat in a mode of negligible mass, or None.
 
-    A chain whose mean log density lies more than :data:`MODE_GAP_SDS` within-chain sds and
-    :data:`DECISIVE_GAP_PER_COORDINATE` log units per unconstrained coordinate of ``model``
-    below the best chain's is in such a mode.
+    A chain whose mean log density lies more than :data:`MODE_GAP_SDS` within-chain sds below
+    the best chain's, and whose mode's mass (:func:`mode_mass_gap`) lies more than
+    :data:`DECISIVE_LOG_MASS_GAP` log units below it, is in such a mode.
 
     Returns
     -------
     dict or None
         ``start`` (the best chain's last draw of every free variable), ``best_chain``,
-        ``gap``, ``gap_sds`` and ``coordinates``.
+        ``gap``, ``gap_sds`` and ``mass_gap``.
 
     Examples
     --------
     >>> import pymc as pm
     >>> with pm.Model() as model:
     ...     effect = pm.Normal("effect")
-    >>> logp = np.stack([np.random.default_rng(0).normal(0.0, 1.0, 100),
-    ...                  np.random.default_rng(1).normal(-40.0, 1.0, 100)])
-    >>> effect = np.repeat([[5.0], [-5.0]], 100, axis=1)  # chain 1 in a mode 40 lower
-    >>> tree = xr.DataTree.from_dict({
+    >>> rng = np.random.default_rng(0)
+    >>> logp = np.stack([rng.normal(0.0, 1.0, 100), rng.normal(-40.0, 1.0, 100)])
+    >>> effect = np.stack([rng.normal(5.0, 0.1, 100), rng.normal(-5.0, 0.1, 100)])
+    >>> tree = xr.DataTree.from_dict({  # chain 1 in a mode 40 lower, as wide
     ...     "sample_stats": xr.Dataset({"logp": (("chain", "draw"), logp)}),
     ...     "posterior": xr.Dataset({"effect": (("chain", "draw"), effect)})})
     >>> restart = minor_mode_restart(tree, model)
-    >>> restart["best_chain"], float(restart["start"]["effect"])
-    (0, 5.0)
+    >>> restart["best_chain"], round(float(restart["start"]["effect"]))
+    (0, 5)
     """
     gap, gap_sds = chain_logp_gap(tree)
     if not gap_sds > MODE_GAP_SDS:  # one mode (or one chain): nothing else to look at
         return None
-    coordinates = model_coordinates(model)
-    if not gap > DECISIVE_GAP_PER_COORDINATE * coordinates:
+    best, mass_gap = mode_mass_gap(tree, model)
+    if not mass_gap > DECISIVE_LOG_MASS_GAP:
         return None
-    best = int(_chain_logp(tree).mean(axis=1).argmax())
     posterior = tree["posterior"]
     start = {rv.name: posterior[rv.name].isel(chain=best, draw=-1).to_numpy()
              for rv in model.free_RVs}
     return {"start": start, "best_chain": best, "gap": gap, "gap_sds": gap_sds,
-            "coordinates": coordinates}
+            "mass_gap": mass_gap}
+
+
+def mode_mass_gap(tree: xr.DataTree, model) -> tuple[int, float]:
+    """The best chain and how many log units less posterior mass the worst chain's mode holds.
+
+    Each chain's mode is taken as Gaussian with the chain's own marginal sds in the sampler's
+    unconstrained coordinates: its log mass is its mean log density plus the sum of its log
+    sds (up to a constant the chains share), so a lower mode that is wider makes up part of
+    its gap.
+
+    Examples
+    --------
+    >>> import pymc as pm
+    >>> with pm.Model() as model:
+    ...     effect = pm.Normal("effect")
+    >>> rng = np.random.default_rng(0)
+    >>> logp = np.stack([rng.normal(0.0, 1.0, 4000), rng.normal(-3.0, 1.0, 4000)])
+    >>> effect = np.stack([rng.normal(5.0, 0.1, 4000), rng.normal(-5.0, 1.0, 4000)])
+    >>> tree = xr.DataTree.from_dict({  # chain 1: 3 lower, 10 times wider (log 10 = 2.3)
+    ...     "sample_stats": xr.Dataset({"logp": (("chain", "draw"), logp)}),
+    ...     "posterior": xr.Dataset({"effect": (("chain", "draw"), effect)})})
+    >>> best, gap = mode_mass_gap(tree, model)
+    >>> best, round(gap, 1)
+    (0, 0.7)
+    """
+    logp = _chain_logp(tree)
+    means = logp.mean(axis=1)
+    log_sd = np.zeros(means.size)
+    posterior = tree["posterior"]
+    for rv in model.free_RVs:
+        if rv.name not in posterior:
+            continue
+        values = _unconstrained(model, rv, posterior[rv.name].to_numpy())
+        sd = values.reshape(values.shape[0], values.shape[1], -1).std(axis=1, ddof=1)
+        usable = (sd > 0).all(axis=0)  # a coordinate a chain never moved says nothing
+        log_sd += np.log(sd[:, usable]).sum(axis=1)
+    mass = means + log_sd
+    best = int(mass.argmax())
+    return best, float(mass[best] - mass.min())
+
+
+def _unconstrained(model, rv, values: np.ndarray) -> np.ndarray:
+    """Draws (chain, draw, ...) of a free variable in the sampler's coordinates."""
+    transform = model.rvs_to_transforms.get(rv)
+    if transform is None:
+        return values
+    import pytensor.tensor as pt
+
+    try:
+        return np.asarray(transform.forward(pt.as_tensor(values), *rv.owner.inputs).eval())
+    except Exception:  # a transform needing more than the values: as drawn
+        return values
 
 
 def _warn_convergence(tree: xr.DataTree) -> None:
@@ -669,9 +723,10 @@ def fit(tables, spec=None, *, draws: int | None = None, tune: int | None = None,
     if restart is not None:
         warnings.warn(
             f"the chains first sat in different modes (mean log densities "
-            f"{restart['gap']:.0f} apart, {restart['gap_sds']:.0f} within-chain sds, over "
-            f"{restart['coordinates']} coordinates): the lower one holds a negligible share of "
-            f"the posterior, so every chain was sampled again from chain "
+            f"{restart['gap']:.0f} apart, {restart['gap_sds']:.0f} within-chain sds; the "
+            f"lower mode's mass about e^-{restart['mass_gap']:.0f} of the other's): the lower "
+            f"one holds a negligible share of the posterior, so every chain was sampled again "
+            f"from chain "
             f"{restart['best_chain']}'s last draw", UserWarning, stacklevel=2)
     _warn_convergence(tree)
     # netCDF stores no dicts, None or mixed lists (the model's attrs hold some): store them as

@@ -76,6 +76,12 @@ def test_a_second_sampling_from_the_best_chain_is_noted(good_fit, good_report):
     notes = [n for n in diagnose(restarted).notes if "second sampling" in n]
     assert len(notes) == 1 and "429 log units (35 within-chain sds) below chain 1's, over 267 " \
         "coordinates" in notes[0]
+    post.attrs["minor_mode_restart"] = json.dumps(
+        {"best_chain": 0, "gap": 172.4, "gap_sds": 17.3, "mass_gap": 151.0})
+    restarted["posterior"] = post
+    notes = [n for n in diagnose(restarted).notes if "second sampling" in n]
+    assert len(notes) == 1 and "172 log units (17 within-chain sds) below chain 0's, its mass " \
+        "about e^-151 of that chain's" in notes[0]
 
 
 def test_to_dict_has_the_documented_keys_and_is_json(good_report):

@@ -212,10 +212,10 @@ def test_a_chain_in_a_minor_mode_is_sampled_again_from_the_best_chain(monkeypatc
     for name, value in start.items():
         np.testing.assert_array_equal(value, first["posterior"][name].isel(chain=0, draw=-1))
     restart = json.loads(tree["posterior"].attrs["minor_mode_restart"])
-    assert restart["best_chain"] == 0 and restart["gap"] > 1e5
-    # a gap that is not decisive (a few sds, under a log unit per coordinate): one sampling
+    assert restart["best_chain"] == 0 and restart["gap"] > 1e5 and restart["mass_gap"] > 1e5
+    # a gap that is not decisive (the lower mode's mass not negligible): one sampling
     calls.clear()
-    monkeypatch.setattr(inference, "DECISIVE_GAP_PER_COORDINATE", 1e9)
+    monkeypatch.setattr(inference, "DECISIVE_LOG_MASS_GAP", 1e9)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tree = fit(table, spec, draws=50, tune=50, sampler="nutpie", random_seed=3,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bayesprism.ingest.waits import split_notes, split_wait_transfer
+from bayesprism.ingest.waits import host_clock_offsets, split_notes, split_wait_transfer
 
 
 def rows(*specs, run="r", step=0, kernel="ncclAllReduce", pg="0", group_size=None):
@@ -88,3 +88,40 @@ def test_notes_say_why():
         "run b: wait/transfer split of collectives not possible: only one rank is present "
         "(wait_us and transfer_us left empty)",
     ]
+
+
+def test_host_clock_offsets_are_recovered_from_the_collectives_end_times():
+    # three hosts whose clocks run 0, +40 and -25 µs off; 300 instances, each over two of
+    # them, ending together (within ±1 µs) on the true clock
+    rng = np.random.default_rng(0)
+    truth = np.array([0.0, 40.0, -25.0])
+    pairs = rng.choice([(0, 1), (1, 2), (0, 2)], size=300)
+    host = pairs.ravel()
+    instance = np.repeat(np.arange(300), 2)
+    end = np.repeat(rng.uniform(0, 1e6, 300), 2) + truth[host] + rng.uniform(-1, 1, 600)
+    offsets = host_clock_offsets(host, instance, end)
+    np.testing.assert_allclose(offsets - offsets[0], truth - truth[0], atol=0.5)
+    # instances within one host say nothing about the others
+    assert host_clock_offsets(np.array([0, 0, 1, 1]), np.array([0, 0, 1, 1]),
+                              np.array([5.0, 6.0, 90.0, 91.0])).tolist() == [0.0, 0.0]
+
+
+def test_hosts_clocks_are_aligned_before_the_split():
+    # ranks 0 (host a) and 1 (host b, whose clock runs 60 µs ahead) arrive at 100 and 130 on
+    # the true clock and end together at 250: transfer 120, rank 0 waits 30. On the raw
+    # clocks rank 1 seems to start at 190 and end at 310 (transfer 60 and 120, wait 90).
+    df = rows((0, 0, 100, 150), (1, 0, 190, 120), (0, 1, 400, 50), (1, 1, 470, 40),
+              group_size=2)
+    _, raw_transfer, _ = split_wait_transfer(df)
+    np.testing.assert_array_equal(raw_transfer[:2], [60.0, 120.0])
+    wait, transfer, counts = split_wait_transfer(df.assign(node=["a", "b", "a", "b"]))
+    np.testing.assert_allclose(transfer, [120.0, 120.0, 40.0, 40.0])
+    np.testing.assert_allclose(wait, [30.0, 0.0, 10.0, 0.0])
+    assert counts["clock_offset_hosts"] == 2 and counts["clock_offset_max_us"] == 30
+    note = [n for n in split_notes({"r": counts}, {"r": 2}) if "clocks aligned" in n]
+    assert note == ["run r: host clocks aligned from the collectives' end times before the "
+                    "wait/transfer split (2 hosts, offsets up to 30 µs)"]
+    # one host: nothing to align
+    _, same, counts = split_wait_transfer(df.assign(node="a"))
+    np.testing.assert_array_equal(same, raw_transfer)
+    assert counts["clock_offset_hosts"] == 0

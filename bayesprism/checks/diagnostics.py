@@ -255,11 +255,13 @@ def _restart_notes(post) -> list[str]:
     if not raw:
         return []
     restart = json.loads(raw)  # fit stores it as JSON (netCDF has no dicts)
+    # posteriors before stop 29 judged the gap per coordinate, later ones by the modes' mass
+    share = (f"its mass about e^-{restart['mass_gap']:.0f} of that chain's"
+             if "mass_gap" in restart else f"over {restart['coordinates']} coordinates")
     return [f"the draws are a second sampling: in the first, a chain sat in a mode "
             f"{restart['gap']:.0f} log units ({restart['gap_sds']:.0f} within-chain sds) below "
-            f"chain {restart['best_chain']}'s, over {restart['coordinates']} coordinates, a "
-            "negligible share of the posterior, so every chain was started again at that "
-            "chain's last draw"]
+            f"chain {restart['best_chain']}'s, {share}, a negligible share of the posterior, "
+            "so every chain was started again at that chain's last draw"]
 
 
 # --------------------------------------------------------------------------------- convergence

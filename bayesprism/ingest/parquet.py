@@ -37,8 +37,8 @@ from bayesprism.schema import ALL_COLUMNS, ATTRS_KEY, REQUIRED_COLUMNS, _jsonabl
 # pyarrow is imported inside the functions that write Parquet (start-up time of the workers).
 
 #: Columns the wait/transfer split reads from the collective rows.
-SPLIT_COLUMNS = ("run", "step", "rank", "kernel", "occurrence", "process_group", "group_size",
-                 "start_us", "duration_us")
+SPLIT_COLUMNS = ("run", "step", "rank", "node", "kernel", "occurrence", "process_group",
+                 "group_size", "start_us", "duration_us")
 #: File suffixes read by :func:`read_inputs` as whole trace tables (with their run metadata).
 TABLE_SUFFIXES = (".parquet", ".pq")
 

@@ -17,12 +17,16 @@ without ``Process Group Name`` puts all its collectives in one unnamed group. An
 (``group_size``, or the run's world size when the trace does not say). Incomplete instances
 (ranks missing from the files, a rank with an extra launch) get NaN, and are counted.
 
-Clocks. Ranks on one node share the host clock; across nodes we assume the clocks agree to
-well within a collective's duration (NTP/PTP-synchronised hosts), so starts can be compared.
-When the data contradict this for an instance (some participant *ends before* the latest start,
-impossible with agreeing clocks), the instance falls back to a clock-free estimate: every
-participant's transfer is the shortest duration among them (the participant that waited least)
-and the rest of its duration is waiting. Such instances are counted as clock anomalies.
+Clocks. Ranks on one node share the host clock, but the hosts' clocks differ (NTP keeps them
+within about 0.1 ms, which is a large share of a 200 µs pipeline transfer). When the rows name
+their node, each host's clock offset is estimated first from the collectives themselves
+(:func:`host_clock_offsets`: the participants of an instance end together, so a host's ends run
+early or late by its offset, by median polish of the end times over instances and hosts), and
+starts and ends are compared on the aligned clocks. When the data still contradict agreeing
+clocks for an instance (some participant *ends before* the latest start), the instance falls
+back to a clock-free estimate: every participant's transfer is the shortest duration among them
+(the participant that waited least) and the rest of its duration is waiting. Such instances are
+counted as clock anomalies.
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ def split_wait_transfer(
     transfer = np.full(n, np.nan)
     counts = dict.fromkeys(("instances", "split_instances", "incomplete_instances",
                             "incomplete_rows", "duplicate_rank_instances",
-                            "clock_anomaly_instances"), 0)
+                            "clock_anomaly_instances", "clock_offset_hosts",
+                            "clock_offset_max_us"), 0)
     if n == 0:
         return wait, transfer, counts
     # Integer codes of the matching keys: cheap to group, no strings materialised.
@@ -74,6 +79,10 @@ def split_wait_transfer(
     end = start + duration
     rank = rows["rank"].to_numpy()
 
+    if "node" in rows:
+        offset, counts["clock_offset_hosts"], counts["clock_offset_max_us"] = (
+            _aligned_offsets(rows["node"], group, end))
+        start, end = start - offset, end - offset
     frame = pd.DataFrame({"g": group, "rank": rank, "start": start, "end": end, "dur": duration})
     by = frame.groupby("g", sort=False)
     n_rows = by["rank"].transform("size").to_numpy()
@@ -110,6 +119,86 @@ def split_wait_transfer(
     return wait, transfer, counts
 
 
+def _aligned_offsets(node: pd.Series, group: np.ndarray, end: np.ndarray
+                     ) -> tuple[np.ndarray, int, int]:
+    """Each row's host clock offset (µs), the hosts aligned and the largest |offset| (whole
+    µs, for the notes)."""
+    host = _codes(node)
+    finite = np.isfinite(end)
+    none = (np.zeros(host.size), 0, 0)
+    if not finite.any() or host.max() < 1:
+        return none
+    host, group, end = host[finite], group[finite], end[finite]
+    offsets = host_clock_offsets(host, group, end)
+    # aligned only where the offsets explain most of the disagreement of the instances' ends
+    # (a few instances whose ends disagree at random are no evidence of skewed clocks)
+    if not _end_spread(host, group, end - offsets[host]) < 0.5 * _end_spread(host, group, end):
+        return none
+    shift = np.zeros(finite.size)
+    shift[finite] = offsets[host]
+    return shift, int(offsets.size), round(float(np.abs(offsets).max()))
+
+
+def _end_spread(host: np.ndarray, instance: np.ndarray, end: np.ndarray) -> float:
+    """Median absolute deviation of the ends from their instance's median, over the instances
+    that span two or more hosts (0 without any)."""
+    frame = pd.DataFrame({"h": host, "g": instance, "e": end})
+    frame = frame[frame.groupby("g")["h"].transform("nunique") >= 2]
+    if frame.empty:
+        return 0.0
+    return float((frame["e"] - frame.groupby("g")["e"].transform("median")).abs().median())
+
+
+def host_clock_offsets(host: np.ndarray, instance: np.ndarray, end_us: np.ndarray,
+                       iterations: int = 20) -> np.ndarray:
+    """Clock offset of each host (µs, median host 0) from the end times of collective instances.
+
+    The participants of a collective end (nearly) together, so ``end = E_instance + o_host``
+    plus a small noise; median polish (alternate medians over instances and over hosts) fits
+    that robustly. Only instances spanning two or more hosts inform it; a host sharing none
+    with the others keeps offset 0.
+
+    Parameters
+    ----------
+    host, instance
+        Integer codes (0 .. n-1) of each row's host and collective instance.
+    end_us
+        Each row's end time on its host's clock.
+
+    Returns
+    -------
+    numpy.ndarray
+        Offset per host code, to subtract from that host's timestamps.
+
+    Examples
+    --------
+    Two instances over hosts 0 and 1, whose clock runs 40 µs ahead:
+
+    >>> host_clock_offsets(np.array([0, 1, 0, 1]), np.array([0, 0, 1, 1]),
+    ...                    np.array([100.0, 140.0, 300.0, 341.0])).round(1).tolist()
+    [-20.2, 20.2]
+    """
+    n_hosts = int(host.max()) + 1
+    offsets = np.zeros(n_hosts)
+    frame = pd.DataFrame({"h": host, "g": instance})
+    spans = frame.groupby("g")["h"].transform("nunique").to_numpy() >= 2
+    if not spans.any():
+        return offsets
+    frame = frame[spans].assign(e=np.asarray(end_us, dtype=float)[spans])
+    for _ in range(iterations):
+        shifted = frame["e"] - offsets[frame["h"].to_numpy()]
+        common = shifted.groupby(frame["g"]).transform("median")
+        update = (frame["e"] - common).groupby(frame["h"]).median()
+        new = offsets.copy()
+        new[update.index.to_numpy()] = update.to_numpy()
+        new -= np.median(new[update.index.to_numpy()])
+        if np.allclose(new, offsets, atol=1e-3):
+            offsets = new
+            break
+        offsets = new
+    return offsets
+
+
 def _codes(values: pd.Series) -> np.ndarray:
     """Integer code per value (missing values share one code)."""
     if isinstance(values.dtype, pd.CategoricalDtype):
@@ -140,6 +229,11 @@ def split_notes(counts_by_run: Mapping[str, dict[str, int]],
             notes.append(
                 f"run {run}: {counts['duplicate_rank_instances']} collective instances have two "
                 "rows of the same rank (ambiguous matching): wait/transfer left empty")
+        if counts.get("clock_offset_hosts"):
+            notes.append(
+                f"run {run}: host clocks aligned from the collectives' end times before the "
+                f"wait/transfer split ({counts['clock_offset_hosts']} hosts, offsets up to "
+                f"{counts['clock_offset_max_us']} µs)")
         if counts["clock_anomaly_instances"]:
             notes.append(
                 f"run {run}: {counts['clock_anomaly_instances']} collective instances have a "
