@@ -301,6 +301,15 @@ def refsim_case(folder: Path, name: str, args, rows: list, refsim_rows: list) ->
         post = bp.fit(table, args.refsim_spec, random_seed=args.seed, progress=False,
                       population_prior=prior)
         seconds = time.perf_counter() - start
+    # the fit's convergence beside its scores: a forecast from chains in two modes says little
+    from bayesprism.inference import convergence_summary
+
+    fitted = convergence_summary(post)
+    restarted = bool(post["posterior"].attrs.get("minor_mode_restart"))
+    print(f"{name} fit: {seconds:.0f} s, max R-hat {fitted['max_rhat']:.3f}, min bulk ESS "
+          f"{fitted['min_ess_bulk']:.0f}, {fitted['divergences']} divergences"
+          + (", sampled twice (a chain first sat in a minor mode)" if restarted else ""),
+          flush=True)
     # the traced job (its schedule and optimizer sharding, as the CLI's --dp does) at each
     # target's layout
     traced = json.loads(post["inventory"].attrs["traced_plan"])
@@ -327,7 +336,9 @@ def refsim_case(folder: Path, name: str, args, rows: list, refsim_rows: list) ->
             "ks": scores["ks"], "coverage_50": scores["coverage_50"],
             "coverage_90": scores["coverage_90"],
             "p_exceed_1.05": float((predicted > threshold).mean()),
-            "p_exceed_1.05_truth": exceed_true, "fit_s": seconds, "forecast_s": forecast_s})
+            "p_exceed_1.05_truth": exceed_true, "fit_s": seconds, "forecast_s": forecast_s,
+            "fit_max_rhat": fitted["max_rhat"], "fit_min_ess_bulk": fitted["min_ess_bulk"],
+            "fit_divergences": fitted["divergences"], "fit_sampled_twice": restarted})
     if (folder / "truth_steps.csv.gz").exists():
         cluster_checks(post, plans, step, folder, name, args)
 
@@ -469,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         refsim["goal"] = [refsim_misses(r) for _, r in refsim.iterrows()]
         print_table("Traced 3D job, forecast on new nodes vs truth (goals: |p50| <= 2 %, "
                     "|p95| <= 4 %, KS <= 0.10, cov90 0.85-0.95, P(>1.05 x ideal) within 0.05):",
-                    refsim)
+                    refsim.drop(columns=[c for c in refsim.columns  # printed with each fit
+                                         if c.startswith("fit_") and c != "fit_s"]))
     if args.cluster_rows:
         print_table("Traced 3D job, the truth as a sample of clusters: KS observed vs a "
                     "calibrated sample of its size (median, 90th percentile, share at least as "
