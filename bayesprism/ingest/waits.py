@@ -132,21 +132,26 @@ def _aligned_offsets(node: pd.Series, group: np.ndarray, end: np.ndarray
     offsets = host_clock_offsets(host, group, end)
     # aligned only where the offsets explain most of the disagreement of the instances' ends
     # (a few instances whose ends disagree at random are no evidence of skewed clocks)
-    if not _end_spread(host, group, end - offsets[host]) < 0.5 * _end_spread(host, group, end):
+    spans = _spans_hosts(host, group)
+    g, e = group[spans], end[spans]
+    if not _end_spread(g, e - offsets[host[spans]]) < 0.5 * _end_spread(g, e):
         return none
     shift = np.zeros(finite.size)
     shift[finite] = offsets[host]
     return shift, int(offsets.size), round(float(np.abs(offsets).max()))
 
 
-def _end_spread(host: np.ndarray, instance: np.ndarray, end: np.ndarray) -> float:
-    """Median absolute deviation of the ends from their instance's median, over the instances
-    that span two or more hosts (0 without any)."""
-    frame = pd.DataFrame({"h": host, "g": instance, "e": end})
-    frame = frame[frame.groupby("g")["h"].transform("nunique") >= 2]
-    if frame.empty:
+def _spans_hosts(host: np.ndarray, instance: np.ndarray) -> np.ndarray:
+    """Mask of the rows whose instance has participants on two or more hosts."""
+    return pd.Series(host).groupby(instance).transform("nunique").to_numpy() >= 2
+
+
+def _end_spread(instance: np.ndarray, end: np.ndarray) -> float:
+    """Median absolute deviation of the ends from their instance's median (0 without rows)."""
+    if end.size == 0:
         return 0.0
-    return float((frame["e"] - frame.groupby("g")["e"].transform("median")).abs().median())
+    ends = pd.Series(end)
+    return float((ends - ends.groupby(instance).transform("median")).abs().median())
 
 
 def host_clock_offsets(host: np.ndarray, instance: np.ndarray, end_us: np.ndarray,
@@ -178,24 +183,22 @@ def host_clock_offsets(host: np.ndarray, instance: np.ndarray, end_us: np.ndarra
     ...                    np.array([100.0, 140.0, 300.0, 341.0])).round(1).tolist()
     [-20.2, 20.2]
     """
-    n_hosts = int(host.max()) + 1
-    offsets = np.zeros(n_hosts)
-    frame = pd.DataFrame({"h": host, "g": instance})
-    spans = frame.groupby("g")["h"].transform("nunique").to_numpy() >= 2
+    offsets = np.zeros(int(host.max()) + 1 if host.size else 0)
+    spans = _spans_hosts(host, instance)
     if not spans.any():
         return offsets
-    frame = frame[spans].assign(e=np.asarray(end_us, dtype=float)[spans])
+    host, instance = host[spans], instance[spans]
+    end = pd.Series(np.asarray(end_us, dtype=float)[spans])
     for _ in range(iterations):
-        shifted = frame["e"] - offsets[frame["h"].to_numpy()]
-        common = shifted.groupby(frame["g"]).transform("median")
-        update = (frame["e"] - common).groupby(frame["h"]).median()
+        common = (end - offsets[host]).groupby(instance).transform("median")
+        update = (end - common).groupby(host).median()
         new = offsets.copy()
-        new[update.index.to_numpy()] = update.to_numpy()
-        new -= np.median(new[update.index.to_numpy()])
-        if np.allclose(new, offsets, atol=1e-3):
-            offsets = new
-            break
+        new[update.index] = update.to_numpy()
+        new -= np.median(new[update.index])
+        converged = np.allclose(new, offsets, atol=1e-3)
         offsets = new
+        if converged:
+            break
     return offsets
 
 
