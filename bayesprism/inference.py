@@ -28,7 +28,7 @@ from bayesprism.errors import ConvergenceWarning, InputError, Problem
 from bayesprism.ingest.classify import classify_kernel
 from bayesprism.io import ARTIFACT_SCHEMA_VERSION, clean_attrs, load
 from bayesprism.model import build, prepare, prepare_statistics
-from bayesprism.model.fleet_prior import add_population_prior
+from bayesprism.model.fleet_prior import add_population_prior, mark_units_to_start_in_core
 from bayesprism.population_prior import (
     PopulationPrior,
     check_kernel_posterior,
@@ -528,10 +528,13 @@ def population_prior_for(prior, prepared, source: str = "population prior") -> P
     elif source == "population prior" and prior.attrs.get("input_digest"):
         source = f"the posterior of input {prior.attrs['input_digest']}"
     check_kernel_posterior(prior, source)
+    units = {level: (list(prepared.coords[dim]), np.asarray(prepared.data[f"{level}_group"]))
+             for level, dim in (("node", "node"), ("gpu", "gpu_unit"))
+             if dim in prepared.coords and f"{level}_group" in getattr(prepared, "data", {})}
     for fleet_class in fleet_classes(prior):
         own = _measured_class(prior, fleet_class)
         if own in compute:
-            return population_prior_from(prior, own, fleet_class, source)
+            return population_prior_from(prior, own, fleet_class, source, units)
     raise InputError(Problem(source, "kernel_class", "no class of the population prior is a "
                              f"compute class of the fit ({', '.join(compute) or 'none'})",
                              example=", ".join(fleet_classes(prior)) or "none"))
@@ -659,14 +662,17 @@ def fit(tables, spec=None, *, draws: int | None = None, tune: int | None = None,
         prepared = prepare_statistics(stats.model, spec, source=stats.source or "statistics")
         inventory = stats.inventory.copy()
         digest = stats.input_digest
-    model = build(prepared, spec)
-    prior_key = ""
+    prior = None
     if population_prior is not None:
         if spec.kind != "kernel":
             raise InputError(Problem("fit", "population_prior", "needs a kernel-level spec",
                                      example=spec.name))
         prior = population_prior_for(population_prior, prepared)
-        notes = add_population_prior(prior, prepared, spec, model)
+        start_notes = mark_units_to_start_in_core(prior, prepared)
+    model = build(prepared, spec)
+    prior_key = ""
+    if prior is not None:
+        notes = add_population_prior(prior, prepared, spec, model) + start_notes
         prepared.attrs["notes"] = [*prepared.attrs.get("notes", []), *notes]
         prior_key = prior.to_json()
         prepared.attrs["population_prior"] = prior_key

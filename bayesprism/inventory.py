@@ -413,7 +413,9 @@ def kernel_inventory(table: pd.DataFrame) -> xr.Dataset:
         ``stage_bytes`` (kernel, pp_stage: mean bytes of a collective launch per stage);
         ``traced_step_time_us`` (step_unit, rank; NaN without ``start_us`` or where the rank ran
         nothing in that step); ``traced_step_span_us`` (step_unit: the step from the first
-        kernel of any rank to the last end, the longest over nodes); ``traced_idle_us``
+        kernel of any rank to the last end, the longest over nodes); ``traced_step_gap_us``
+        (step_unit: the host time from the step's last kernel to the next step's first,
+        :func:`_step_gaps`); ``traced_idle_us``
         (step_unit, rank, sync) and ``sync_role`` (sync): the rank's host idle time before each
         synchronisation (:func:`_sync_idle`). attrs ``kind="kernel"``, ``traced_plan`` (JSON),
         ``run``, ``platform``.
@@ -512,6 +514,7 @@ def inventory_of_parts(part: InventoryPart, attrs: dict, *, mapping: dict | None
                                                               strict=True)},
                         key=_step_unit_key)
     span, step_span, span_note = _spans(part, frame, step_units, ranks)
+    step_gap = _step_gaps(part, frame, step_units, step_span)
     role_of = dict(zip(kernels, roles, strict=True))
     idle, sync_role = _sync_idle(part, frame, step_units, ranks, role_of)
     segment_us, segment_share = _sync_segments(part, frame, role_of)
@@ -534,6 +537,7 @@ def inventory_of_parts(part: InventoryPart, attrs: dict, *, mapping: dict | None
             "stage_bytes": (("kernel", "pp_stage"), stage_bytes),
             "traced_step_time_us": (("step_unit", "rank"), span),
             "traced_step_span_us": ("step_unit", step_span),
+            "traced_step_gap_us": ("step_unit", step_gap),
             "traced_idle_us": (("step_unit", "rank", "sync"), idle),
             "sync_role": ("sync", sync_role),
             "sync_segment_us": ((), segment_us),
@@ -580,6 +584,55 @@ def _spans(part: InventoryPart, frame, step_units: list, ranks: list
                    .reindex(index=step_units))
     span = out[0].reindex(columns=ranks).to_numpy(dtype=float)
     return span, out[1].max(axis=1).to_numpy(dtype=float), "span from start_us and duration_us"
+
+
+def traced_step_times_us(inventory: xr.Dataset) -> np.ndarray:
+    """The traced steps as users time them, from one step's start to the next's (µs; NaN where
+    unknown): each step's span (``traced_step_span_us``) plus its boundary gap
+    (``traced_step_gap_us``; for a step without one, a run's last, the median of the others).
+    Inventories written before the gap was recorded: the span.
+
+    Examples
+    --------
+    >>> inv = xr.Dataset({"traced_step_span_us": ("step_unit", [300.0, 320.0, 310.0]),
+    ...                   "traced_step_gap_us": ("step_unit", [10.0, 14.0, np.nan])})
+    >>> traced_step_times_us(inv).tolist()
+    [310.0, 334.0, 322.0]
+    """
+    span = inventory["traced_step_span_us"].to_numpy().astype(float)
+    if "traced_step_gap_us" not in inventory:
+        return span
+    gap = inventory["traced_step_gap_us"].to_numpy().astype(float)
+    typical = float(np.median(gap[np.isfinite(gap)])) if np.isfinite(gap).any() else 0.0
+    return span + np.where(np.isfinite(gap), gap, typical)
+
+
+def _step_gaps(part: InventoryPart, frame, step_units: list, step_span: np.ndarray
+               ) -> np.ndarray:
+    """Per traced step, the host time at its boundary: from the step's last kernel end to the
+    next step's first kernel (µs; NaN for a run's last step, before a step not traced next,
+    and without ``start_us``).
+
+    A step as users time it runs from one step's start to the next's (``ProfilerStep`` to
+    ``ProfilerStep``), which holds the host work between steps (the loss or grad-norm read
+    back, ``zero_grad``, the next batch, the first launches) besides the span of GPU work.
+    Hosts' clocks differ, so each node's period (first kernel of the next step minus first
+    kernel of this one, on its own clock) is compared with the step's span (the longest
+    over nodes): the gap is the median period over nodes minus the span (>= 0; steps that
+    overlap have no gap).
+    """
+    if not part.starts:
+        return np.full(len(step_units), np.nan)
+    spans = frame("node_spans").groupby(["run", "step", "node"])["start"].min().reset_index()
+    spans = spans.sort_values(["run", "node", "step"], kind="stable")
+    following = spans.groupby(["run", "node"])["step"].shift(-1)
+    period = spans.groupby(["run", "node"])["start"].shift(-1) - spans["start"]
+    consecutive = following.to_numpy(dtype=float) == spans["step"].to_numpy(dtype=float) + 1
+    spans = spans.assign(period=np.where(consecutive, period, np.nan))
+    unit = spans["run"].astype(str) + "/" + spans["step"].astype(str)
+    median_period = spans.assign(step_unit=unit).groupby("step_unit")["period"].median()
+    period_us = median_period.reindex(step_units).to_numpy(dtype=float)
+    return np.maximum(period_us - step_span, 0.0)
 
 
 def _covered_lengths(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray

@@ -20,8 +20,16 @@ fleet's posterior approximated parameter by parameter):
 
 The core scale of the GPU×step level is not carried over: a benchmark session lasts seconds of
 one kernel, a training step a mix of kernels, and their GPU-step noises differ (dev fleet:
-0.07 % against 0.01 % in its traced run). Unit effects are not carried over either: a traced
-node's effect is learned from its own launches, and new nodes come from the population.
+0.07 % against 0.01 % in its traced run).
+
+The fleet's measurements of the traced job's own nodes and GPUs are carried over too
+(:class:`UnitPrior`): the same node name is the same node, with one effect in both fits. A
+traced job of a dozen steps cannot tell a GPU slowed for the whole trace (an episode) from a
+GPU of slow silicon; the fleet's sessions of that GPU can (dev fleet: one traced GPU 11.6 %
+slow in all 12 steps, 0.5 % in the benchmark). What is carried is each unit's log effect on the
+class, centred within the traced fit's groups (GPUs within their node, nodes among the traced
+nodes) as its likelihood sees them, with the population's part of the fleet's posterior
+divided out (normal approximations), so the population is not counted twice.
 
 The second fit adds each normal as a potential on the transformed parameter, so the fleet's
 posterior multiplies the traced fit's own (weak) prior rather than replacing it; over the range
@@ -45,6 +53,11 @@ from bayesprism.spec import EPISODE_POPULATIONS
 TRANSFORMS: tuple[str, ...] = ("log", "log_minus_one", "logit")
 #: Population families whose ν is a parameter.
 NU_FAMILIES: tuple[str, ...] = ("student_t",)
+#: Levels whose units a fleet fit and a traced fit can share (by name).
+UNIT_LEVELS: tuple[str, ...] = ("node", "gpu")
+#: A unit is carried over when the fleet's measurement of it is worth at least this share of
+#: its population's precision (a unit the fleet barely measured says nothing worth carrying).
+MIN_UNIT_INFORMATION = 0.25
 
 
 def transformed(value, transform: str, xp=np):
@@ -96,6 +109,45 @@ class ParameterPrior:
 
 
 @dataclass(frozen=True)
+class UnitPrior:
+    """What a fleet fit measured of some units of one level, as normal likelihoods.
+
+    Attributes
+    ----------
+    level
+        ``"node"`` or ``"gpu"``.
+    units
+        The units' names (the same in both fits).
+    groups
+        The traced fit's group of each unit; the effects are centred within groups over these
+        units, as the traced fit's likelihood sees them.
+    mean, sd
+        Per unit, the normal likelihood of its centred log effect on the carried class (the
+        fleet's posterior with the population's part divided out).
+
+    Examples
+    --------
+    >>> prior = UnitPrior("gpu", ("n1/0", "n1/1"), (0, 0), (0.004, -0.004), (0.003, 0.003))
+    >>> prior.units[0], prior.mean[0]
+    ('n1/0', 0.004)
+    """
+
+    level: str
+    units: tuple[str, ...]
+    groups: tuple[int, ...]
+    mean: tuple[float, ...]
+    sd: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        sizes = {len(self.units), len(self.groups), len(self.mean), len(self.sd)}
+        if len(sizes) != 1:
+            raise ValueError(f"{self.level}: units, groups, mean and sd differ in length")
+        if not all(math.isfinite(m) for m in self.mean) or \
+                not all(math.isfinite(s) and s > 0 for s in self.sd):
+            raise ValueError(f"{self.level}: unit likelihoods need finite means and sds > 0")
+
+
+@dataclass(frozen=True)
 class PopulationPrior:
     """The population parameters of a fitted fleet, for another fit of the same fleet.
 
@@ -112,6 +164,8 @@ class PopulationPrior:
     input_digest
         The fleet posterior's input digest (its data), so that a fit records which fleet
         informed it.
+    units
+        One :class:`UnitPrior` per level whose units the fleet measured among the fit's.
 
     Examples
     --------
@@ -126,6 +180,7 @@ class PopulationPrior:
     families: dict
     parameters: tuple[ParameterPrior, ...]
     input_digest: str = ""
+    units: tuple[UnitPrior, ...] = ()
 
     def to_json(self) -> str:
         """The prior as one JSON string (stored in a posterior's attrs)."""
@@ -136,6 +191,9 @@ class PopulationPrior:
         """Read back :meth:`to_json`."""
         data = json.loads(text)
         data["parameters"] = tuple(ParameterPrior(**p) for p in data["parameters"])
+        data["units"] = tuple(UnitPrior(**{k: tuple(v) if isinstance(v, list) else v
+                                           for k, v in u.items()})
+                              for u in data.get("units", ()))
         return cls(**data)
 
     def parameter(self, name: str) -> ParameterPrior | None:
@@ -191,8 +249,91 @@ def fleet_classes(posterior: xr.DataTree) -> list[str]:
     return classes
 
 
+def _population_sd(post: xr.Dataset, family: str, level: str, scale: np.ndarray) -> float:
+    """The sd of a level's population at the fleet's medians (a Student-t's, for ν > 2)."""
+    sd = float(np.median(scale))
+    if family in NU_FAMILIES and f"{level}_nu" in post:
+        nu = float(np.median(flat_draws(post[f"{level}_nu"])))
+        sd *= math.sqrt(nu / (nu - 2.0)) if nu > 2.0 else math.inf
+    return sd
+
+
+def unit_prior_from(post: xr.Dataset, family: str, level: str, fleet_class: str,
+                    units: tuple[list[str], np.ndarray]) -> UnitPrior | None:
+    """The fleet's measurements of the units ``units = (names, groups)`` of a traced fit's
+    ``level``, or None when it measured none of them (:class:`UnitPrior`).
+
+    Each unit's log effect on ``fleet_class`` is centred within its traced group over the units
+    carried, and the population's normal part (its variance times 1 − 1/k for k units in the
+    group) divided out of the moments of the centred draws. A group with one carried unit says
+    nothing of contrasts and is left out, as are units the fleet barely measured
+    (:data:`MIN_UNIT_INFORMATION`).
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> post = xr.Dataset({
+    ...     "gpu_effect": (("chain", "draw", "gpu_unit"), rng.normal([[[1.0, -1.0, 0.0]]], 0.1,
+    ...                                                              (1, 400, 3))),
+    ...     "gpu_scale": (("chain", "draw", "kernel_class"), np.full((1, 400, 1), 0.01))},
+    ...     coords={"gpu_unit": ["a/0", "a/1", "b/0"], "kernel_class": ["benchmark"]})
+    >>> prior = unit_prior_from(post, "normal", "gpu", "benchmark",
+    ...                         (["a/0", "a/1", "b/0", "c/0"], np.array([0, 0, 1, 2])))
+    >>> prior.units, [round(m, 3) for m in prior.mean]
+    (('a/0', 'a/1'), [0.01, -0.01])
+    """
+    dim = {"gpu": "gpu_unit"}.get(level, level)
+    if f"{level}_effect" not in post or f"{level}_scale" not in post or dim not in post.coords:
+        return None
+    names, groups = units
+    known = set(map(str, post[dim].to_numpy()))
+    scale = flat_draws(post[f"{level}_scale"].sel(kernel_class=fleet_class))
+    population_sd = _population_sd(post, family, level, scale)
+    chosen = [(name, int(group)) for name, group in zip(names, groups, strict=True)
+              if name in known]
+    if not chosen or not math.isfinite(population_sd) or population_sd <= 0:
+        return None
+    effects = flat_draws(post[f"{level}_effect"].sel({dim: [n for n, _ in chosen]}))
+    log_effect = effects * scale[:, None]
+    # barely measured: a posterior nearly as wide as the population
+    measured = log_effect.var(axis=0, ddof=1) * (1.0 + MIN_UNIT_INFORMATION) \
+        < population_sd**2
+    group = np.array([g for _, g in chosen])
+    sizes = np.bincount(group, weights=measured)
+    keep = measured & (sizes[group] >= 2)
+    if not keep.any():
+        return None
+    log_effect, group = log_effect[:, keep], group[keep]
+    centred = log_effect - group_means(log_effect, group)
+    sizes = np.unique(group, return_inverse=True, return_counts=True)
+    prior_var = population_sd**2 * (1.0 - 1.0 / sizes[2][sizes[1]])
+    post_var = centred.var(axis=0, ddof=1)
+    precision = np.maximum(1.0 / post_var - 1.0 / prior_var,
+                           MIN_UNIT_INFORMATION / prior_var)
+    mean = centred.mean(axis=0) / post_var / precision
+    kept = [name for (name, _), k in zip(chosen, keep, strict=True) if k]
+    return UnitPrior(level, tuple(kept), tuple(int(g) for g in group),
+                     tuple(float(m) for m in mean), tuple(float(v) for v in precision**-0.5))
+
+
+def group_means(values, group: np.ndarray, xp=np):
+    """The mean of ``values`` (``(..., units)``) over each unit's group, per unit, with the
+    array module ``xp`` (NumPy, or PyTensor's ``tensor`` inside a model).
+
+    Examples
+    --------
+    >>> group_means(np.array([1.0, 3.0, 5.0]), np.array([7, 7, 2])).tolist()
+    [2.0, 2.0, 5.0]
+    """
+    codes = np.unique(group, return_inverse=True)[1]
+    one_hot = np.eye(int(codes.max()) + 1)[codes]  # (units, groups)
+    return xp.dot(xp.dot(values, one_hot / one_hot.sum(axis=0)), one_hot.T)
+
+
 def population_prior_from(posterior: xr.DataTree, kernel_class: str, fleet_class: str,
-                          source: str = "population prior") -> PopulationPrior:
+                          source: str = "population prior",
+                          units: dict[str, tuple[list[str], np.ndarray]] | None = None,
+                          ) -> PopulationPrior:
     """Summarise a fitted kernel-level posterior's populations as a :class:`PopulationPrior`.
 
     Parameters
@@ -205,6 +346,10 @@ def population_prior_from(posterior: xr.DataTree, kernel_class: str, fleet_class
         The posterior's class whose scales are carried over (see :func:`fleet_classes`).
     source
         Named in notes and errors.
+    units
+        Per level (``"node"``, ``"gpu"``), the fit's units and their groups
+        (``(names, groups)``): what the fleet measured of them is carried over
+        (:func:`unit_prior_from`).
 
     Raises
     ------
@@ -255,6 +400,12 @@ def population_prior_from(posterior: xr.DataTree, kernel_class: str, fleet_class
     if not parameters:
         raise InputError(Problem(source, "populations", "the posterior fitted no node, GPU or "
                                  "GPU-step population to carry over"))
+    unit_priors = []
+    for level, fit_units in (units or {}).items():
+        if level in families:
+            carried = unit_prior_from(post, families[level], level, fleet_class, fit_units)
+            unit_priors += [] if carried is None else [carried]
     return PopulationPrior(source=source, kernel_class=kernel_class, families=families,
                            parameters=tuple(parameters),
-                           input_digest=str(posterior.attrs.get("input_digest", "")))
+                           input_digest=str(posterior.attrs.get("input_digest", "")),
+                           units=tuple(unit_priors))

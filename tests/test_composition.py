@@ -366,6 +366,27 @@ def test_each_synchronisation_waits_for_the_slowest_rank_idle():
     assert alone.idle_group.tolist() == [1, 16]
 
 
+def test_the_host_time_between_steps_is_added_once_per_step():
+    # the traced steps' boundary gaps: 30 and 50 us (gamma, mean 40, one draw per step shared
+    # by every rank: the slowest of 4,096 ranks is not taken); nothing idles inside the step
+    traced = [[[0.0], [0.0]], [[0.0], [0.0]]]
+    post = _with_idle(gemm_only(draws=400), traced, ["step"])
+    inventory = post["inventory"].to_dataset()
+    inventory["traced_step_gap_us"] = ("step_unit", [30.0, 50.0])
+    post["inventory"] = inventory
+    model = build_plan_model(post, ParallelPlan(dp=4096))
+    assert model.idle_group.tolist() == [4096, 1]
+    assert np.mean(model.idle_mean[:, 1]) == pytest.approx(40.0, rel=0.05)
+    for exact in (True, False):
+        steps = compose(post, ParallelPlan(dp=4096), replicates=20,
+                        rng=np.random.default_rng(2), exact=exact)
+        gap = steps.step_time_s * 1e6 - 1000.0
+        assert np.mean(gap) == pytest.approx(40.0, rel=0.1)
+        assert np.median(gap) < 50.0  # one gap a step: the slowest of 4,096 would be ~100
+    assert steps.ideal_step_time_s * 1e6 == pytest.approx(
+        1000.0 + np.median(model.idle_mean[:, 1]))
+
+
 def test_idle_is_the_same_in_the_exact_and_the_fast_path():
     traced = [[[100.0, 50.0], [300.0, 60.0], [120.0, 40.0], [250.0, 55.0]]]
     post = _with_idle(gemm_only(draws=50), traced, ["dp", "step"])

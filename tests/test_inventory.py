@@ -8,7 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bayesprism.inventory import collective_role, kernel_inventory, run_layout, step_inventory
+from bayesprism.inventory import (
+    collective_role,
+    kernel_inventory,
+    run_layout,
+    step_inventory,
+    traced_step_times_us,
+)
 from bayesprism.schema import empty_attrs, validate_table
 
 
@@ -56,6 +62,8 @@ def test_kernel_inventory_exact_values():
                                [[30, 34, 15], [20, 29, np.nan]])
     # the step: node a 0 -> 34 and 100 -> 129, node b 0 -> 15; the longest node counts
     np.testing.assert_allclose(inv["traced_step_span_us"].values, [34, 29])
+    # node a's step 1 starts 100 us after its step 0, which spans 34 us: 66 us between steps
+    np.testing.assert_allclose(inv["traced_step_gap_us"].values, [66, np.nan])
     # idle before the AllReduce from the node's step start (0 and 100 on node a), minus the
     # GEMMs' cover; nothing after it; rank 2 ran nothing in step 1
     np.testing.assert_allclose(inv["traced_idle_us"].values,
@@ -67,6 +75,25 @@ def test_kernel_inventory_exact_values():
     assert plan == {"dp": 3, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "microbatches": None,
                     "gpus_per_node": 2, "world_size": 3}
     assert inv.attrs["run"] == "r" and inv.attrs["platform"] == "V100"
+
+
+def test_the_host_time_between_steps_is_read_on_each_nodes_own_clock():
+    """Node b's clock runs 1,000 us ahead of node a's; steps 0, 1, 2 and 4 are traced. Each
+    node's step starts 100 then 110 us after its previous one; the longest node span is b's
+    90 us (a's 80): 10 and 20 us between steps, none known after step 2 (step 3 untraced) and
+    the last."""
+    rows = []
+    for step, start in zip((0, 1, 2, 4), (0.0, 100.0, 210.0, 500.0), strict=True):
+        rows += [(0, "a", step, start, 80.0), (1, "b", step, start + 1000.0, 90.0)]
+    df = pd.DataFrame(rows, columns=["rank", "node", "step", "start_us", "duration_us"])
+    df = df.assign(run="r", gpu=0, kernel="g", kernel_class="gemm")
+    df.attrs = empty_attrs()
+    df.attrs["runs"] = {"r": {"platform": "H100", "world_size": 2}}
+    inv = kernel_inventory(validate_table(df))
+    np.testing.assert_allclose(inv["traced_step_span_us"].values, [90, 90, 90, 90])
+    np.testing.assert_allclose(inv["traced_step_gap_us"].values, [10, 20, np.nan, np.nan])
+    # the step as timed from one start to the next: the unknown gaps at their median, 15 us
+    np.testing.assert_allclose(traced_step_times_us(inv), [100, 110, 105, 105])
 
 
 def test_compute_segments_between_tensor_parallel_collectives():

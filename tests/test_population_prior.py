@@ -216,3 +216,137 @@ def test_a_parameter_prior_is_a_proper_normal_under_a_known_transform():
         ParameterPrior("gpu_scale", "sqrt", 0.0, 1.0)
     with pytest.raises(ValueError, match=re.escape("an sd > 0, got -4.0, 0.0")):
         ParameterPrior("gpu_scale", "log", -4.0, 0.0)
+
+
+def fleet_units_posterior(seed: int = 0) -> xr.DataTree:
+    """:func:`fleet_posterior` with node and GPU effects of 2 nodes x 3 GPUs and a third node
+    measured on one GPU; every GPU's log effect on the class known to 0.2 %."""
+    rng = np.random.default_rng(seed)
+    tree = fleet_posterior(seed)
+    post = tree["posterior"].to_dataset()
+    shape = (post.sizes["chain"], post.sizes["draw"])
+    log_gpu = np.array([0.01, -0.02, 0.01, 0.03, 0.0, -0.03, 0.02])
+    scale = post["gpu_scale"].isel(kernel_class=0).to_numpy()
+    draws = log_gpu + 0.002 * rng.standard_normal((*shape, log_gpu.size))
+    post["gpu_effect"] = (("chain", "draw", "gpu_unit"), draws / scale[..., None])
+    post = post.assign_coords(gpu_unit=["a/0", "a/1", "a/2", "b/0", "b/1", "b/2", "c/0"])
+    tree["posterior"] = post
+    return tree
+
+
+def test_units_the_fleet_measured_carry_their_centred_effects_without_the_population():
+    from bayesprism.population_prior import unit_prior_from
+
+    post = fleet_units_posterior()["posterior"].to_dataset()
+    # the traced fit's GPUs: a/0..a/2 and b/0..b/2 in two nodes, c/0 alone in its node, d/0
+    # not measured by the fleet
+    names = ["a/0", "a/1", "a/2", "b/0", "b/1", "b/2", "c/0", "d/0"]
+    prior = unit_prior_from(post, "student_t", "gpu", "benchmark",
+                            (names, np.array([0, 0, 0, 1, 1, 1, 2, 3])))
+    assert prior.units == ("a/0", "a/1", "a/2", "b/0", "b/1", "b/2")  # c/0: no contrast
+    assert prior.groups == (0, 0, 0, 1, 1, 1)
+    # centred within node: a is (0.01, -0.02, 0.01) - (0) ; b is (0.03, 0, -0.03) - 0
+    centred = np.array([0.01, -0.02, 0.01, 0.03, 0.0, -0.03])
+    # posterior sd of a centred effect: 0.2 % x sqrt(1 - 1/3); the population (scale 1.4 %,
+    # nu 21) times sqrt(1 - 1/3) is divided out
+    nu = float(np.median(post["gpu_nu"]))
+    population_var = 0.014**2 * nu / (nu - 2.0) * (2.0 / 3.0)
+    posterior_var = 0.002**2 * (2.0 / 3.0)
+    likelihood_var = 1.0 / (1.0 / posterior_var - 1.0 / population_var)
+    assert np.array(prior.sd) == pytest.approx(math.sqrt(likelihood_var), rel=0.08)
+    assert np.array(prior.mean) == pytest.approx(centred * likelihood_var / posterior_var,
+                                                 abs=3e-4)
+    assert np.array(prior.mean) != pytest.approx(centred, abs=2e-4)  # not the posterior as is
+    whole = population_prior_from(fleet_units_posterior(), "gemm", "benchmark", "fleet.nc",
+                                  units={"gpu": (names, np.array([0, 0, 0, 1, 1, 1, 2, 3]))})
+    assert whole.units == (prior,)
+    assert PopulationPrior.from_json(whole.to_json()) == whole
+    # nothing of these units measured: nothing carried
+    assert unit_prior_from(post, "student_t", "gpu", "benchmark",
+                           (["x/0", "x/1"], np.array([0, 0]))) is None
+
+
+GPU_EFFECTS = np.array([[0.012, -0.008, 0.003, -0.007], [-0.015, 0.01, 0.004, 0.001],
+                        [0.006, -0.012, 0.009, -0.003], [0.002, 0.011, -0.01, -0.003]])
+SLOW_GPU = (2, 1)  # 10 % slower in every traced step: an episode, not its silicon
+
+
+def slow_gpu_table(seed: int = 3) -> pd.DataFrame:
+    """4 nodes x 4 GPUs x 8 steps of one GEMM (6 launches a step): GPU effects as measured by
+    the fleet, but GPU 1 of node 2 10 % slow through the whole trace."""
+    rng = np.random.default_rng(seed)
+    node = np.array([0.004, -0.006, 0.002, 0.0])
+    slow = np.zeros_like(GPU_EFFECTS)
+    slow[SLOW_GPU] = 0.10
+    gpustep = 0.002 * rng.standard_normal((4, 4, 8))
+    return unit_grid_table(4, 4, 8, 6, lambda nn, gg, ss: (
+        np.log(800.0) + node[nn] + GPU_EFFECTS[nn, gg] + slow[nn, gg] + gpustep[nn, gg, ss]
+        + 0.003 * rng.standard_normal(nn.size)), kernel="sm90_gemm")
+
+
+def test_a_gpu_slow_through_the_trace_but_not_in_the_fleet_is_fitted_as_an_episode():
+    import bayesprism as bp
+    from bayesprism.population_prior import UnitPrior
+
+    centred = GPU_EFFECTS - GPU_EFFECTS.mean(axis=1, keepdims=True)
+    units = UnitPrior("gpu", tuple(f"n{n:02d}/{g}" for n in range(4) for g in range(4)),
+                      tuple(int(n) for n in np.repeat(np.arange(4), 4)),
+                      tuple(float(v) for v in centred.ravel()), (0.002,) * 16)
+    parameters = (ParameterPrior("gpu_scale", "log", math.log(0.01), 0.03),
+                  ParameterPrior("gpustep_slow_weight", "logit", math.log(0.05 / 0.95), 0.3),
+                  ParameterPrior("gpustep_episode_shift", "log", math.log(0.1), 0.1),
+                  ParameterPrior("gpustep_episode_spread", "log", math.log(0.02), 0.3))
+    families = {"gpu": "student_t", "gpustep": "degraded"}
+    options = {"draws": 300, "tune": 300, "random_seed": 2, "progress": False}
+    slow = 4 * SLOW_GPU[0] + SLOW_GPU[1]
+
+    def slow_gpu_effect(units):
+        prior = PopulationPrior("fleet.nc", "gemm", families, parameters, units=units)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            post = bp.fit(slow_gpu_table(), "default", population_prior=prior, **options)
+        effect = post["posterior"]["gpu_effect"] * post["posterior"]["gpu_scale"].sel(
+            kernel_class="gemm")
+        return float(effect.isel(gpu_unit=slow).median()), str(post["posterior"].attrs["notes"])
+
+    alone, _ = slow_gpu_effect(())
+    assert alone > 0.06  # without the fleet's measurement: slow silicon
+    carried, notes = slow_gpu_effect((units,))
+    assert carried == pytest.approx(centred[SLOW_GPU], abs=0.01)
+    assert "n02/1 ran" in notes and "slower through the trace than the fleet measured it: " \
+        "slow for a while, not for good (started as measured)" in notes
+    assert "population prior: the fleet's measurements of the fit's own 16 of 16 GPUs " \
+        "carried over (one effect per unit in both fits)" in notes
+
+
+def test_unit_potential_is_the_normal_density_of_the_centred_log_effects():
+    """The potential of carried units at a point: per unit, the normal density of its log
+    effect on the carried class centred within its group over the carried units."""
+    from types import SimpleNamespace
+
+    import pymc as pm
+
+    from bayesprism.model.fleet_prior import _add_unit_prior
+    from bayesprism.population_prior import UnitPrior
+
+    effect = np.array([1.0, -0.5, 0.2, 2.0, 0.0])  # standardised, GPUs of nodes a, a, a, b, b
+    scale = np.array([0.5, 0.02])  # per class; the carried class is the second
+    prepared = SimpleNamespace(coords={"gpu_unit": ["a/0", "a/1", "a/2", "b/0", "b/1"]})
+    units = UnitPrior("gpu", ("b/1", "a/0", "a/1", "a/2", "b/0", "x/0"), (1, 0, 0, 0, 1, 2),
+                      (0.01, 0.005, -0.01, 0.0, -0.01, 0.3), (0.004, 0.002, 0.003, 0.002,
+                                                              0.004, 0.1))
+    with pm.Model() as model:
+        pm.Deterministic("gpu_scale", pm.math.constant(scale))
+        pm.Deterministic("gpu_effect", pm.math.constant(effect))
+        shown = _add_unit_prior(units, prepared, model, class_index=1)
+    assert shown == "5 of 5 GPUs"
+    logp = float(model.compile_fn(model.potentials[0], inputs=[])({}))
+    log_effect = 0.02 * effect
+    centred = {"a/0": log_effect[0] - log_effect[:3].mean(),
+               "a/1": log_effect[1] - log_effect[:3].mean(),
+               "a/2": log_effect[2] - log_effect[:3].mean(),
+               "b/0": log_effect[3] - log_effect[3:].mean(),
+               "b/1": log_effect[4] - log_effect[3:].mean()}
+    expected = sum(stats.norm(m, s).logpdf(centred[u]) for u, m, s in zip(
+        units.units[:5], units.mean[:5], units.sd[:5], strict=True))
+    assert logp == pytest.approx(expected, rel=1e-9)

@@ -28,6 +28,7 @@ from scipy import stats
 
 from bayesprism.forecast.composition import compose
 from bayesprism.forecast.workload import RESID_SLOW_VARS, has_resid_slow, stretched_slow_sd
+from bayesprism.inventory import traced_step_times_us
 from bayesprism.plan import Cluster
 from bayesprism.posterior import thin_draws, traced_plan
 
@@ -333,8 +334,8 @@ def step_time_check(
             draws = compose(thin_draws(posterior, max_draws), plan, rng=rng, cluster=cluster)
     except Exception as exc:  # a diagnostic must report a failed composition, not crash
         return None, [f"step-time check skipped: composing the traced plan failed ({exc})"]
-    if "traced_step_span_us" in inventory.data_vars:  # first start to last end of the step
-        traced_s = inventory["traced_step_span_us"].to_numpy() / 1e6
+    if "traced_step_span_us" in inventory.data_vars:  # one step's start to the next's
+        traced_s = traced_step_times_us(inventory.to_dataset()) / 1e6
     else:  # inventories written before it: the slowest rank's span
         traced_s = inventory["traced_step_time_us"].max("rank").to_numpy() / 1e6
     traced_s = traced_s[np.isfinite(traced_s)]

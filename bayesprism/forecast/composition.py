@@ -63,8 +63,12 @@ independent over ranks, steps and segments. A synchronous step waits at each syn
 for the slowest of the ``g_j`` ranks it joins (the collective's group in the target plan;
 every rank at the step's end and for collectives of unknown role), so the step adds
 ``sum_j max_{g_j ranks} I_j``, each maximum drawn exactly by inverse CDF (``F^-1(U^(1/g))``),
-identically in the exact and the fast path. Assumptions: the idle maxima add to the kernels'
-critical path (an upper bound of the maximum of the sums, exact when either dominates; it
+identically in the exact and the fast path. The host time between steps (from the step's last
+kernel to the next step's first: the loss read back, the next batch, the first launches;
+``traced_step_gap_us``) is one more segment, of role ``boundary``, drawn once per step
+(``g = 1``): the traces time it for the step as a whole, not per host, so it is carried over
+as traced rather than grown with the hosts of the plan. Assumptions: the idle maxima add to the
+kernels' critical path (an upper bound of the maximum of the sums, exact when either dominates; it
 neglects that a rank slow in compute may idle little); a synchronisation of a sub-group waits
 for one group's slowest rank (the spread between groups' sums is neglected); idle is carried
 over per step unchanged (not scaled with the plan's work) and each rank's idle is capped at

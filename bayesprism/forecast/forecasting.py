@@ -52,6 +52,7 @@ from bayesprism.forecast.composition import compose
 from bayesprism.forecast.draws import StepDraws
 from bayesprism.forecast.slots import composition_path
 from bayesprism.forecast.workload import posterior_arrays
+from bayesprism.inventory import traced_step_times_us
 from bayesprism.io import ARTIFACT_SCHEMA_VERSION
 from bayesprism.plan import Cluster, ParallelPlan
 from bayesprism.posterior import thin_draws
@@ -364,8 +365,10 @@ def _extrapolated(text: str, plan: str) -> list[str]:
 def traced_step_time_s(posterior: xr.DataTree, *, source: str = "posterior") -> float:
     """The measured step time of the traced run (s): the baseline ``traced`` of the CLI.
 
-    Kernel-level fits: the median over traced steps of ``inventory.traced_step_span_us`` (first
-    kernel start of any rank to the last kernel end). Step-level fits: the median logged step
+    Kernel-level fits: the median over traced steps of one step's start to the next's
+    (``inventory.traced_step_span_us``, first kernel start of any rank to the last kernel end,
+    plus the host time at the step's boundary;
+    :func:`bayesprism.inventory.traced_step_times_us`). Step-level fits: the median logged step
     time, when every fitted run has one layout (several layouts have no single traced step).
 
     Parameters
@@ -391,7 +394,7 @@ def traced_step_time_s(posterior: xr.DataTree, *, source: str = "posterior") -> 
     inventory = posterior["inventory"].to_dataset() if "inventory" in posterior.children else None
     values = np.array([])
     if inventory is not None and "traced_step_span_us" in inventory:
-        values = inventory["traced_step_span_us"].to_numpy().astype(float) / 1e6
+        values = traced_step_times_us(inventory) / 1e6
     elif inventory is not None and "step_time_s" in inventory:
         layouts = {tuple(int(inventory[f].values[i]) for f in ("dp", "tp", "pp", "cp")
                          if f in inventory) for i in range(inventory.sizes.get("run", 0))}

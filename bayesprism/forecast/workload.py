@@ -296,18 +296,26 @@ def _traced_idle_law(group: xr.Dataset, inventory: xr.Dataset, modelled: set[str
                      traced_gpn: int) -> IdleLaw:
     """The idle law of the traced run: from ``traced_idle_us`` (per synchronisation), or, for
     inventories without it, one segment per step from the rank-step gaps of
-    :func:`_traced_gaps_us` (span minus expected busy time, posterior median)."""
+    :func:`_traced_gaps_us` (span minus expected busy time, posterior median); then the host
+    time at the step's boundary (``traced_step_gap_us``), one segment of role ``boundary``."""
     draws = int(group.sizes["chain"] * group.sizes["draw"])
     if "traced_idle_us" in inventory and np.isfinite(inventory["traced_idle_us"]).any():
-        idle = inventory["traced_idle_us"].transpose(..., "sync").to_numpy()
-        idle = idle.reshape(-1, idle.shape[-1])
-        roles = (inventory["sync_role"].to_numpy().astype(str) if "sync_role" in inventory
-                 else ["unknown"] * (idle.shape[-1] - 1) + ["step"])
-        return fit_idle_law(idle, list(roles), draws)
-    gaps = _traced_gaps_us(group, inventory, modelled, traced_gpn)
-    if gaps is None:
-        return IdleLaw.none(draws)
-    return fit_idle_law(np.asarray(gaps, dtype=float).reshape(-1, 1), ["step"], draws)
+        idle = inventory["traced_idle_us"].transpose("step_unit", "rank", "sync").to_numpy()
+        roles = list(inventory["sync_role"].to_numpy().astype(str) if "sync_role" in inventory
+                     else ["unknown"] * (idle.shape[-1] - 1) + ["step"])
+    else:
+        gaps = _traced_gaps_us(group, inventory, modelled, traced_gpn)
+        if gaps is None:
+            return IdleLaw.none(draws)
+        idle = np.asarray(gaps, dtype=float).reshape(inventory.sizes.get("step_unit", 1), -1, 1)
+        roles = ["step"]
+    if "traced_step_gap_us" in inventory:
+        # one boundary gap per traced step (the first rank's row holds it): the step's, shared
+        # by its ranks (the traces show the step's gap, not each host's)
+        boundary = np.full((*idle.shape[:2], 1), np.nan)
+        boundary[:, 0, 0] = inventory["traced_step_gap_us"].to_numpy().astype(float)
+        idle, roles = np.concatenate([idle, boundary], axis=-1), [*roles, "boundary"]
+    return fit_idle_law(idle.reshape(-1, idle.shape[-1]), roles, draws)
 
 
 def _traced_gaps_us(
@@ -1314,10 +1322,11 @@ def _cost_model_specs(arrays: PosteriorArrays, plan: ParallelPlan, gpn: int, rep
 
 def sync_group(plan: ParallelPlan, role: str) -> int:
     """Ranks a synchronisation of ``role`` waits for in ``plan``: its collective's group (tp,
-    cp, ep; 2 for pipeline send/recv; dp*cp for data-parallel), every rank for the step's end
-    and for collectives of unknown role."""
+    cp, ep; 2 for pipeline send/recv; dp*cp for data-parallel), one for the step's boundary
+    (the host time between steps, measured for the step as a whole), every rank for the step's
+    end and for collectives of unknown role."""
     groups = {"tp": plan.tp, "cp": plan.cp, "ep": plan.ep, "pp": 2 if plan.pp > 1 else 1,
-              "dp": plan.dp * plan.cp}
+              "dp": plan.dp * plan.cp, "boundary": 1}
     return int(groups.get(role, plan.gpus))
 
 

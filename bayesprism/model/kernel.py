@@ -69,6 +69,7 @@ from bayesprism.model.start import (
     kernel_baseline_se,
     loading_ratio_start,
     robust_unit_effects,
+    started_in_core,
     unit_effect_estimates,
     unit_resolution,
     within_cell_sd,
@@ -915,12 +916,17 @@ def _kernel_part(prepared: PreparedData, spec: ModelSpec, rows: bool) -> None:
     for level in attrs["levels"]:
         if level == "gpustep":
             continue
+        estimate = estimates.get(level)
+        unit_estimate = robust_unit_effects(d, level) if level != "step" and (
+            centred_coords or spec.population(level) == "degraded") else None
+        if f"{level}_start_effect" in d:  # a population prior measured these units
+            estimate, unit_estimate = started_in_core(estimate, unit_estimate,
+                                                      d[f"{level}_start_effect"],
+                                                      d[f"{level}_group"])
         loading, centred, mean_effect = unit_level(
-            level, prepared, spec, estimates.get(level),
+            level, prepared, spec, estimate,
             resolution=resolution[level] if level in floored else None,
-            unit_estimate=robust_unit_effects(d, level) if level != "step" and (
-                centred_coords or spec.population(level) == "degraded") else None,
-            data_starts=centred_coords)
+            unit_estimate=unit_estimate, data_starts=centred_coords)
         pm.Data(f"{level}_of_gpustep", d[f"{level}_of_gpustep"], dims="gpustep")
         if level != "step":
             centred = centred[d[f"{level}_of_gpu"]]

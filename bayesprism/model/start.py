@@ -171,6 +171,35 @@ def robust_unit_effects(data: dict, level: str) -> np.ndarray:
     return _medians(dev, unit, int(unit_of_gpu.max()) + 1)
 
 
+def started_in_core(estimate: tuple[np.ndarray, float] | None, unit_estimate: np.ndarray | None,
+                    start: np.ndarray, group: np.ndarray):
+    """The data's unit estimates with some units started elsewhere: ``start`` holds, per unit,
+    its effect centred in its group (NaN: the data's estimate).
+
+    A start, not a model: a unit the traced data put far from what a benchmark of the same unit
+    measured (``bayesprism.model.fleet_prior.mark_units_to_start_in_core``) was slow for a
+    while, not for good, and its effect starts where its measurement says it is. Started at
+    the data's estimate, a chain can stay in that mode of negligible mass (dev traces with the
+    fleet benchmark: one chain 810 log units below the other, sampled twice).
+
+    Examples
+    --------
+    >>> started_in_core((np.array([0.01, -0.01, 0.12]), 0.002), None,
+    ...                 np.array([np.nan, np.nan, 0.005]), np.zeros(3, dtype=int))[0][0].tolist()
+    [0.01, -0.01, 0.005]
+    """
+    moved = np.isfinite(start)
+    if estimate is not None:
+        estimate = (np.where(moved, start, estimate[0]), estimate[1])
+    if unit_estimate is not None:
+        unit_estimate = np.asarray(unit_estimate, dtype=float).copy()
+        for g in np.unique(group[moved]):
+            others = (group == g) & ~moved
+            centre = np.median(unit_estimate[others]) if others.any() else 0.0
+            unit_estimate[(group == g) & moved] = centre + start[(group == g) & moved]
+    return estimate, unit_estimate
+
+
 def _gpustep_se(data: dict, block_n: np.ndarray, block_r: np.ndarray) -> np.ndarray:
     """Standard error of each GPU-step's mean log residual from its own launches."""
     cell_block = data["cell_gpustep"]
