@@ -25,11 +25,12 @@ one kernel, a training step a mix of kernels, and their GPU-step noises differ (
 The fleet's measurements of the traced job's own nodes and GPUs are carried over too
 (:class:`UnitPrior`): the same node name is the same node, with one effect in both fits. A
 traced job of a dozen steps cannot tell a GPU slowed for the whole trace (an episode) from a
-GPU of slow silicon; the fleet's sessions of that GPU can (dev fleet: one traced GPU 11.6 %
-slow in all 12 steps, 0.5 % in the benchmark). What is carried is each unit's log effect on the
-class, centred within the traced fit's groups (GPUs within their node, nodes among the traced
-nodes) as its likelihood sees them, with the population's part of the fleet's posterior
-divided out (normal approximations), so the population is not counted twice.
+GPU of slow silicon; the fleet's sessions of that GPU can (dev fleet: one traced GPU's GEMMs
+14 % slower than its node's other GPUs' in all 12 steps, 0.5 % in the benchmark). What is
+carried is each unit's log effect on the class, centred within the traced fit's groups (GPUs
+within their node, nodes among the traced nodes) as its likelihood sees them, with the
+population's part of the fleet's posterior divided out (normal approximations), so the
+population is not counted twice.
 
 The second fit adds each normal as a potential on the transformed parameter, so the fleet's
 posterior multiplies the traced fit's own (weak) prior rather than replacing it; over the range
@@ -53,8 +54,6 @@ from bayesprism.spec import EPISODE_POPULATIONS
 TRANSFORMS: tuple[str, ...] = ("log", "log_minus_one", "logit")
 #: Population families whose ν is a parameter.
 NU_FAMILIES: tuple[str, ...] = ("student_t",)
-#: Levels whose units a fleet fit and a traced fit can share (by name).
-UNIT_LEVELS: tuple[str, ...] = ("node", "gpu")
 #: A unit is carried over when the fleet's measurement of it is worth at least this share of
 #: its population's precision (a unit the fleet barely measured says nothing worth carrying).
 MIN_UNIT_INFORMATION = 0.25
