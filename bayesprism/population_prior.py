@@ -304,8 +304,8 @@ def unit_prior_from(post: xr.Dataset, family: str, level: str, fleet_class: str,
         return None
     log_effect, group = log_effect[:, keep], group[keep]
     centred = log_effect - group_means(log_effect, group)
-    sizes = np.unique(group, return_inverse=True, return_counts=True)
-    prior_var = population_sd**2 * (1.0 - 1.0 / sizes[2][sizes[1]])
+    _, codes, counts = np.unique(group, return_inverse=True, return_counts=True)
+    prior_var = population_sd**2 * (1.0 - 1.0 / counts[codes])
     post_var = centred.var(axis=0, ddof=1)
     precision = np.maximum(1.0 / post_var - 1.0 / prior_var,
                            MIN_UNIT_INFORMATION / prior_var)

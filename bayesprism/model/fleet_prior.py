@@ -167,6 +167,7 @@ def mark_units_to_start_in_core(prior: PopulationPrior, prepared: PreparedData) 
     measured it: slow for a while, not for good (started as measured)']
     """
     import numpy as np
+    import pandas as pd
 
     notes = []
     data = prepared.data
@@ -179,8 +180,8 @@ def mark_units_to_start_in_core(prior: PopulationPrior, prepared: PreparedData) 
             continue
         index = np.array([position[units.units[i]] for i in carried])
         group = np.asarray(data[f"{units.level}_group"])
-        traced = robust_unit_effects(data, units.level)
-        traced = (traced - np.array([np.median(traced[group == g]) for g in group]))[index]
+        traced = pd.Series(robust_unit_effects(data, units.level))
+        traced = (traced - traced.groupby(group).transform("median")).to_numpy()[index]
         fleet = np.array(units.mean)[carried]
         scale = prior.parameter(f"{units.level}_scale")
         agree = np.ones(len(index), dtype=bool)
