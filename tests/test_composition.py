@@ -413,3 +413,21 @@ def test_gamma_quantiles_in_blocks_equal_one_call():
         tail = rng.random(shape_of) ** 4
         np.testing.assert_array_equal(_gamma_upper_quantile(shape, tail),
                                       special.gammainccinv(shape, tail))
+
+
+def test_plans_of_one_forecast_share_the_idle_quantiles_of_their_common_segments():
+    # a tp segment (group 8 in both plans) and a dp one (16 then 64 ranks): with one memo, the
+    # second plan computes only its dp segment, and every number is as without the memo
+    traced = [[[100.0, 20.0], [300.0, 60.0], [120.0, 40.0], [250.0, 55.0]]]
+    post = _with_idle(gemm_only(draws=40), traced, ["dp", "tp"])
+    memo = {}
+    for dp, stored in ((16, 2), (64, 3), (16, 3)):
+        plan = ParallelPlan(dp=dp, tp=8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PlanWarning)
+            shared = compose(post, plan, replicates=3, rng=np.random.default_rng(4),
+                             idle_quantiles=memo)
+            alone = compose(post, plan, replicates=3, rng=np.random.default_rng(4))
+        assert len(memo) == stored
+        np.testing.assert_array_equal(shared.step_time_s, alone.step_time_s)
+        np.testing.assert_array_equal(shared.wait_s, alone.wait_s)

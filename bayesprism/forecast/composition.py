@@ -148,6 +148,7 @@ resampled from a draw's replicates is one run on one fixed cluster.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import math
 import os
@@ -646,14 +647,16 @@ def _idle_law(model: PlanModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return model.idle_mean, model.idle_var, model.idle_group
 
 
-def _idle_draws(model: PlanModel, replicates: int, rng: np.random.Generator, log_cap: float):
+def _idle_draws(model: PlanModel, replicates: int, rng: np.random.Generator, log_cap: float,
+                quantiles: dict | None = None):
     """Host idle a step adds, (D, R), and the mean rank's idle per step, (D,).
 
     At synchronisation ``j`` the step waits for the slowest of the ``g_j`` ranks of its group:
     the maximum of ``g_j`` i.i.d. gamma idle times, drawn exactly by inverse CDF,
     ``F^-1(U^(1/g))`` (the same numbers in the exact and the fast path). Each rank's idle is
     capped at ``max_slowdown`` times the segment's mean (as kernel multipliers are capped), and
-    the mean rank's idle is the mean of that capped gamma.
+    the mean rank's idle is the mean of that capped gamma. ``quantiles``: a memo of the
+    inverse per segment, shared by the plans of one forecast (see :func:`compose`).
     """
     mean, var, group = _idle_law(model)
     u = rng.random((model.draws, replicates, group.size))
@@ -662,7 +665,7 @@ def _idle_draws(model: PlanModel, replicates: int, rng: np.random.Generator, log
     scale = np.where(spread, var / np.where(mean > 0, mean, 1.0), 0.0)[:, None, :]
     # upper tail 1 - U^(1/g) = -expm1(log(U) / g), exact even for g in the millions
     tail = -np.expm1(np.log(np.maximum(u, 1e-300)) / np.maximum(group, 1))
-    x = _gamma_upper_quantile(np.broadcast_to(shape, tail.shape), tail) * scale
+    x = _memo_upper_quantile(np.broadcast_to(shape, tail.shape), tail, quantiles) * scale
     cap = math.exp(log_cap) * mean[:, None, :]
     x = np.where(spread[:, None, :], np.minimum(np.nan_to_num(x, nan=np.inf), cap),
                  mean[:, None, :])
@@ -671,6 +674,30 @@ def _idle_draws(model: PlanModel, replicates: int, rng: np.random.Generator, log
     ratio = c / np.where(theta > 0, theta, 1.0)
     capped_mean = mean * special.gammainc(k + 1.0, ratio) + c * special.gammaincc(k, ratio)
     return x.sum(axis=-1), np.where(spread, capped_mean, mean).sum(axis=-1)
+
+
+def _memo_upper_quantile(shape: np.ndarray, tail: np.ndarray, memo: dict | None) -> np.ndarray:
+    """:func:`_gamma_upper_quantile` of (D, R, k) arrays, each of the k columns looked up in
+    ``memo`` by its content (shape and tail) first and stored there after.
+
+    The plans of one forecast draw the same uniforms (common random numbers), and a segment
+    whose group and law do not change with the plan (tensor- and pipeline-parallel ones when
+    only data parallelism grows) has the same quantiles in every plan: computed once.
+    """
+    if memo is None:
+        return _gamma_upper_quantile(shape, tail)
+    keys = [hashlib.blake2b(np.ascontiguousarray(shape[:, 0, j]).tobytes()
+                            + np.ascontiguousarray(tail[..., j]).tobytes(),
+                            digest_size=16).digest() for j in range(tail.shape[-1])]
+    missing = [j for j, key in enumerate(keys) if key not in memo]
+    if missing:
+        fresh = _gamma_upper_quantile(shape[..., missing], tail[..., missing])
+        for column, j in enumerate(missing):
+            memo[keys[j]] = fresh[..., column]
+    out = np.empty(tail.shape)
+    for j, key in enumerate(keys):
+        out[..., j] = memo[key]
+    return out
 
 
 def _gamma_upper_quantile(shape: np.ndarray, tail: np.ndarray) -> np.ndarray:
@@ -806,6 +833,7 @@ def compose(
     exact: bool | None = None,
     max_slowdown: float = DEFAULT_MAX_SLOWDOWN,
     arrays: PosteriorArrays | None = None,
+    idle_quantiles: dict | None = None,
 ) -> StepDraws:
     """Posterior predictive step-time draws of ``plan``, shape (chain*draw, replicates).
 
@@ -837,6 +865,10 @@ def compose(
     arrays
         ``bayesprism.workload.posterior_arrays(posterior)`` when the caller composes several
         plans on one posterior (extracted here otherwise).
+    idle_quantiles
+        An empty dict shared by the calls composing several plans on one posterior, each with
+        a generator in the same state: the host idle's inverse-CDF values of a segment the
+        plans share are computed once (the same numbers as without it).
     """
     if posterior.attrs.get("model_kind") == "step":
 
@@ -874,7 +906,7 @@ def compose(
         finish, mean_mult, max_mult, capped = _fast(
             model, posterior, schedule, shared, replicates, streams, log_cap)
     _warn_if_capped(model, posterior, capped, max_slowdown)
-    idle = _idle_draws(model, replicates, streams.idle, log_cap)
+    idle = _idle_draws(model, replicates, streams.idle, log_cap, idle_quantiles)
     draws = _assemble(model, shared, schedule, finish, mean_mult, max_mult, idle, ideal_s)
     link = degraded_link_probability(model)
     if link is not None:

@@ -265,12 +265,12 @@ def forecast(
     paths: list[str] = []
     kernel_level = thinned.attrs.get("model_kind") != "step"
     if kernel_level:
-
-        arrays = posterior_arrays(thinned)  # once for every plan
+        # once for every plan: the posterior's arrays, and the idle quantiles the plans share
+        shared = {"arrays": posterior_arrays(thinned), "idle_quantiles": {}}
     for plan in iterator:
         rng = np.random.default_rng(random_seed)
         results.append(compose(thinned, plan, replicates=replicates, rng=rng, cluster=cluster,
-                               exact=exact, **({"arrays": arrays} if kernel_level else {})))
+                               exact=exact, **(shared if kernel_level else {})))
         if thinned.attrs.get("model_kind") == "step":
             paths.append("step-model")
         else:
