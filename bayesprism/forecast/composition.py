@@ -694,7 +694,7 @@ def _memo_upper_quantile(shape: np.ndarray, tail: np.ndarray, memo: dict | None)
         fresh = _gamma_upper_quantile(shape[..., missing], tail[..., missing])
         for column, j in enumerate(missing):
             memo[keys[j]] = fresh[..., column]
-    out = np.empty(tail.shape)
+    out = np.empty(tail.shape)  # (D, R, 0) when the job has no idle segments
     for j, key in enumerate(keys):
         out[..., j] = memo[key]
     return out

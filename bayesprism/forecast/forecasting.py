@@ -263,14 +263,13 @@ def forecast(
         iterator = tqdm(plans, desc="forecast", unit="plan")
     results: list[StepDraws] = []
     paths: list[str] = []
-    kernel_level = thinned.attrs.get("model_kind") != "step"
-    if kernel_level:
-        # once for every plan: the posterior's arrays, and the idle quantiles the plans share
-        shared = {"arrays": posterior_arrays(thinned), "idle_quantiles": {}}
+    per_forecast = {}  # kernel-level: computed once for every plan
+    if thinned.attrs.get("model_kind") != "step":
+        per_forecast = {"arrays": posterior_arrays(thinned), "idle_quantiles": {}}
     for plan in iterator:
         rng = np.random.default_rng(random_seed)
         results.append(compose(thinned, plan, replicates=replicates, rng=rng, cluster=cluster,
-                               exact=exact, **(shared if kernel_level else {})))
+                               exact=exact, **per_forecast))
         if thinned.attrs.get("model_kind") == "step":
             paths.append("step-model")
         else:
