@@ -263,17 +263,15 @@ def forecast(
         iterator = tqdm(plans, desc="forecast", unit="plan")
     results: list[StepDraws] = []
     paths: list[str] = []
-    per_forecast = {}  # kernel-level: computed once for every plan
-    if thinned.attrs.get("model_kind") != "step":
-        per_forecast = {"arrays": posterior_arrays(thinned), "idle_quantiles": {}}
+    step_model = thinned.attrs.get("model_kind") == "step"
+    # kernel-level: computed once for every plan
+    per_forecast = {} if step_model else {"arrays": posterior_arrays(thinned),
+                                          "idle_quantiles": {}}
     for plan in iterator:
         rng = np.random.default_rng(random_seed)
         results.append(compose(thinned, plan, replicates=replicates, rng=rng, cluster=cluster,
                                exact=exact, **per_forecast))
-        if thinned.attrs.get("model_kind") == "step":
-            paths.append("step-model")
-        else:
-            paths.append(composition_path(plan, cluster, exact))
+        paths.append("step-model" if step_model else composition_path(plan, cluster, exact))
 
     names = _unique_names(plans)
     dims = ("plan", "draw", "replicate")
