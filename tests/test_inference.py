@@ -131,10 +131,10 @@ def test_a_borderline_rhat_from_two_chains_is_told_apart_from_a_real_problem():
     assert convergence_summary(far)["max_rhat"] > RHAT_BORDERLINE
     with pytest.warns(ConvergenceWarning,
                       match=r"a: R-hat 1\.0\d\d\. Only R-hat.*4 chains") as told:
-        _warn_convergence(slight)
+        _warn_convergence(slight, convergence_summary(slight))
     assert "what to do: refit with --chains 4" in summarize_warnings(told)[0]
     with pytest.warns(ConvergenceWarning, match="Sample longer") as caught:
-        _warn_convergence(far)
+        _warn_convergence(far, convergence_summary(far))
     assert "4 chains" not in str(caught[0].message)
 
 
@@ -173,7 +173,7 @@ def test_chains_in_different_modes_are_told_apart_from_slow_mixing():
         assert summary["chain_logp_gap"] == pytest.approx(gap, abs=2.0)
         assert (summary["chain_logp_gap_sds"] > MODE_GAP_SDS) == (gap > 100)
         with pytest.warns(ConvergenceWarning, match=told) as caught:
-            _warn_convergence(tree)
+            _warn_convergence(tree, convergence_summary(tree))
         if gap > 100:
             assert "what to do: refit with --chains 4" in summarize_warnings(caught)[0]
     assert np.isnan(convergence_summary(_two_chains(1.0))["chain_logp_gap"])
@@ -221,3 +221,25 @@ def test_a_chain_in_a_minor_mode_is_sampled_again_from_the_best_chain(monkeypatc
         tree = fit(table, spec, draws=50, tune=50, sampler="nutpie", random_seed=3,
                    progress=False)
     assert len(calls) == 1 and "minor_mode_restart" not in tree["posterior"].attrs
+
+
+def test_the_jax_compilation_cache_goes_under_the_cache_home_unless_jax_has_one(
+        monkeypatch, tmp_path):
+    jax = pytest.importorskip("jax")
+    from bayesprism.inference import JAX_CACHE_MAX_BYTES, jax_compilation_cache
+
+    saved = {name: getattr(jax.config, name) for name in (
+        "jax_compilation_cache_dir", "jax_compilation_cache_max_size",
+        "jax_enable_compilation_cache")}
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        assert jax_compilation_cache() == str(tmp_path / "bayesprism" / "jax")
+        assert jax.config.jax_compilation_cache_max_size == JAX_CACHE_MAX_BYTES
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "theirs"))
+        assert jax_compilation_cache() == str(tmp_path / "theirs")  # the user's stays
+        jax.config.update("jax_enable_compilation_cache", False)
+        assert jax_compilation_cache() is None
+    finally:
+        for name, value in saved.items():
+            jax.config.update(name, value)
