@@ -500,23 +500,8 @@ def _unconstrained(model, rv, values: np.ndarray) -> np.ndarray:
         return values
 
 
-def fit_convergence(tree: xr.DataTree) -> dict:
-    """:func:`convergence_summary` of a fitted posterior, as :func:`fit` recorded it.
-
-    Read from the root attr ``convergence``; computed for a posterior without it.
-
-    Examples
-    --------
-    >>> tree = xr.DataTree(dataset=xr.Dataset(attrs={"convergence": json.dumps(
-    ...     {"max_rhat": 1.004, "min_ess_bulk": 812.0, "divergences": 0})}))
-    >>> fit_convergence(tree)["max_rhat"]
-    1.004
-    """
-    stored = tree.attrs.get("convergence")
-    return json.loads(stored) if stored else convergence_summary(tree)
-
-
-def _warn_convergence(tree: xr.DataTree, summary: dict) -> None:
+def _warn_convergence(tree: xr.DataTree) -> None:
+    summary = convergence_summary(tree)
     if not summary["checked"]:
         return
     problems = list(summary["failing"])
@@ -787,9 +772,7 @@ def fit(tables, spec=None, *, draws: int | None = None, tune: int | None = None,
             f"one holds a negligible share of the posterior, so every chain was sampled again "
             f"from chain "
             f"{restart['best_chain']}'s last draw", UserWarning, stacklevel=2)
-    summary = convergence_summary(tree)
-    tree.attrs["convergence"] = json.dumps(summary)
-    _warn_convergence(tree, summary)
+    _warn_convergence(tree)
     # netCDF stores no dicts, None or mixed lists (the model's attrs hold some): store them as
     # bayesprism.io.save writes them (JSON), so what fit returns equals what load gives back and
     # xarray users can call DataTree.to_netcdf on it directly

@@ -108,7 +108,7 @@ def dev_case(draws: int | None, tune: int | None, seed: int, with_nccl: bool = F
     spec. ``fleet_prior``: a fitted fleet posterior whose populations are the traces' prior,
     or ``""``: fit the fleet GEMM benchmark first (timed apart)."""
     import bayesprism as bp
-    from bayesprism.inference import convergence_summary, fit_convergence
+    from bayesprism.inference import convergence_summary
 
     prior = None
     if fleet_prior == "":
@@ -132,10 +132,11 @@ def dev_case(draws: int | None, tune: int | None, seed: int, with_nccl: bool = F
     post = bp.fit(table, spec, **given, random_seed=seed, progress=False,
                   population_prior=prior)
     t2 = time.perf_counter()
-    conv = fit_convergence(post)
+    conv = convergence_summary(post)
     # a refit of the same model and data finds XLA's compile in JAX's cache (inference.py)
     compile_ = ("compiled, now cached" if _jax_cache_entries() - cached
-                else "XLA compile from the JAX cache" if cached else "no JAX cache")
+                else "no new JAX cache entry: compiled from the cache" if cached
+                else "no JAX cache")
     print(f"fit {t2 - t1:.1f} s (spec {spec or 'default'}, sampler {post.attrs.get('sampler')}, "
           f"{post.attrs.get('seconds', float('nan')):.1f} s in fit(), {compile_}), draws "
           f"{post.attrs['draws']}, tune {post.attrs['tune']}")

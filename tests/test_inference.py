@@ -131,10 +131,10 @@ def test_a_borderline_rhat_from_two_chains_is_told_apart_from_a_real_problem():
     assert convergence_summary(far)["max_rhat"] > RHAT_BORDERLINE
     with pytest.warns(ConvergenceWarning,
                       match=r"a: R-hat 1\.0\d\d\. Only R-hat.*4 chains") as told:
-        _warn_convergence(slight, convergence_summary(slight))
+        _warn_convergence(slight)
     assert "what to do: refit with --chains 4" in summarize_warnings(told)[0]
     with pytest.warns(ConvergenceWarning, match="Sample longer") as caught:
-        _warn_convergence(far, convergence_summary(far))
+        _warn_convergence(far)
     assert "4 chains" not in str(caught[0].message)
 
 
@@ -173,7 +173,7 @@ def test_chains_in_different_modes_are_told_apart_from_slow_mixing():
         assert summary["chain_logp_gap"] == pytest.approx(gap, abs=2.0)
         assert (summary["chain_logp_gap_sds"] > MODE_GAP_SDS) == (gap > 100)
         with pytest.warns(ConvergenceWarning, match=told) as caught:
-            _warn_convergence(tree, convergence_summary(tree))
+            _warn_convergence(tree)
         if gap > 100:
             assert "what to do: refit with --chains 4" in summarize_warnings(caught)[0]
     assert np.isnan(convergence_summary(_two_chains(1.0))["chain_logp_gap"])

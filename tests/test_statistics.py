@@ -33,7 +33,7 @@ from bayesprism.statistics import (
 from bayesprism.statistics.parquet import HEADER_KEY
 
 #: Root attrs that say how the posterior was made, not what it is.
-HOW = {"seconds", "convergence", "input_kind", "statistics_source", "statistics_provenance"}
+HOW = {"seconds", "input_kind", "statistics_source", "statistics_provenance"}
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,7 @@ def _fmt(value) -> str:
 def run(args: argparse.Namespace) -> int:
     from bayesprism.checks.class_pattern import off_pattern_notes
     from bayesprism.checks.diagnostics import level_cvs
-    from bayesprism.inference import fit, fit_convergence
+    from bayesprism.inference import convergence_summary, fit
     from bayesprism.ingest.layout import parse_layout_args
     from bayesprism.ingest.parquet import read_inputs
     from bayesprism.io import save
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
              if issubclass(w.category, ConvergenceWarning) or str(w.message) in off_pattern
              or str(w.message).startswith("every row is a step-level row")]
     path = save(tree, args.output)
-    conv = fit_convergence(tree)
+    conv = convergence_summary(tree)
     components = level_cvs(tree)
     summary = {
         "path": str(path),
